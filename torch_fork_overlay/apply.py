@@ -143,7 +143,8 @@ def commit_changes(changes: list[tuple[Path, bytes | None]]) -> None:
                 if old is not None:
                     path.unlink()
             else:
-                os.replace(temps.pop(path), path)
+                os.replace(temps[path], path)
+                del temps[path]
             done.append((path, old))
     except BaseException as exc:
         for path, old in reversed(done):
