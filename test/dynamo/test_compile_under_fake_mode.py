@@ -6,10 +6,12 @@ See Note [Inheriting the ambient FakeTensorMode] in torch/_dynamo/output_graph.p
 """
 
 import contextlib
+from unittest import mock
 
 import torch
 import torch._dynamo.test_case
 import torch._dynamo.testing
+import torch._inductor.compile_fx
 import torch.nn.functional as F
 from torch._dynamo.testing import (
     CompileCounterWithBackend,
@@ -49,9 +51,6 @@ def frames_compiled():
     return counters["stats"]["unique_graphs"]
 
 
-def aot_compiles():
-    # Inductor compiles through AOTAutograd; eager never does.
-    return counters["aot_autograd"]["total"]
 
 
 class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
@@ -62,6 +61,22 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(
             torch._functorch.config.patch(fake_tensor_allow_unsafe_data_ptr_access=False)
+        )
+        # Count the graphs Inductor compiles; no cache may skip one.
+        self._stack.enter_context(
+            torch._functorch.config.patch(enable_autograd_cache=False)
+        )
+        self._stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False))
+        self.inductor_compiles = 0
+        compile_fx = torch._inductor.compile_fx
+        compile_fx_inner = compile_fx._compile_fx_inner
+
+        def counting_compile_fx_inner(*args, **kwargs):
+            self.inductor_compiles += 1
+            return compile_fx_inner(*args, **kwargs)
+
+        self._stack.enter_context(
+            mock.patch.object(compile_fx, "_compile_fx_inner", counting_compile_fx_inner)
         )
 
     def tearDown(self):
@@ -156,7 +171,7 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
         # One entry per kind; the backend saw both graphs.
         self.assertEqual(frames_compiled(), 2)
         self.assertEqual(cnt.frame_count, 2)
-        compiles = aot_compiles()
+        compiles = self.inductor_compiles
         if backend == "inductor":
             # The real values came from Inductor's code, compiled once.
             self.assertEqual(compiles, 1)
@@ -167,7 +182,7 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
                 self.assertIs(fn(fake).fake_mode, mode)
         self.assertEqual(frames_compiled(), 2)
         self.assertEqual(cnt.frame_count, 2)
-        self.assertEqual(aot_compiles(), compiles)
+        self.assertEqual(self.inductor_compiles, compiles)
 
     def test_inductor_compiles_on_first_real_call_only(self):
         fn = torch.compile(lambda x: x.cos() + x, backend="inductor")
@@ -175,10 +190,10 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
             fn(torch.randn(3, 3))
             fn(torch.randn(3, 3, device="cuda"))
         # No code generated that could never run.
-        self.assertEqual(aot_compiles(), 0)
+        self.assertEqual(self.inductor_compiles, 0)
         real = torch.randn(3, 3)
         self.assertEqual(fn(real), real.cos() + real)
-        self.assertEqual(aot_compiles(), 1)
+        self.assertEqual(self.inductor_compiles, 1)
 
     @parametrize("backend", BACKENDS)
     def test_no_tensor_inputs_real_then_fake(self, backend):
@@ -211,6 +226,27 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
                 x = torch.randn(4)
                 with self.assertRaisesRegex(RuntimeError, "data pointer"):
                     torch.compile(lambda x: x * 2 + 1, backend="inductor")(x)
+
+    @parametrize("requires_grad", [False, True])
+    def test_steady_state_is_one_cache_hit_per_region(self, requires_grad):
+        fn = torch.compile(lambda x: x.sin().cos().exp().sum(0), backend="inductor")
+        mode = FakeTensorMode()
+        with mode:
+            x = torch.randn(4, 3, requires_grad=requires_grad)
+            fn(x)
+            before = FakeTensorMode.cache_info()
+            out = fn(x)
+            after = FakeTensorMode.cache_info()
+        self.assertIs(out.fake_mode, mode)
+        self.assertEqual(out.requires_grad, requires_grad)
+        # The whole forward is one dispatch-cache hit, not one per op.
+        self.assertEqual(after.hits - before.hits, 1)
+        self.assertEqual(after.misses - before.misses, 0)
+        if requires_grad:
+            with mode:
+                out.sum().backward()
+            self.assertIs(x.grad.fake_mode, mode)
+            self.assertEqual(meta_of(x.grad)[:6], meta_of(x)[:6])
 
     # 5. Models.
     @parametrize("backend", BACKENDS)
@@ -516,7 +552,7 @@ class GraphModule(torch.nn.Module):
             with mode:
                 out = torch.compile(lambda x: x * 2 + 1, backend=cnt)(torch.randn(4))
         self.assertEqual(cnt.frame_count, 1)
-        self.assertEqual(aot_compiles(), 1)
+        self.assertEqual(self.inductor_compiles, 1)
         self.assertIs(out.fake_mode, mode)
 
     def test_export_unchanged(self):
