@@ -1,0 +1,51 @@
+"""Install the torch_fork_overlay tool (console script ``torch-fork-overlay``).
+
+Environment variables honoured by the tool (not by this file):
+
+  TORCH_FORK_OVERLAY_PATCHES
+      folder of ``v<release>/`` patch series (default: ``patches/`` of the
+      source checkout, else the copy shipped inside the package)
+  TORCH_FORK_OVERLAY_CACHE
+      download cache of ``wheel --version`` (default: ``./.cache``)
+  TORCH_FORK_OVERLAY_LOG_DIR
+      where failed commands leave their full log (default: $TMPDIR/torch-fork-overlay-logs)
+
+Environment variables honoured by the tests (test/):
+
+  TORCH_FORK_OVERLAY_STOCK_PYTHON, TORCH_FORK_OVERLAY_PATCHED_PYTHON
+      interpreters of the stock and the patched venv (set by tools/test)
+  TORCH_FORK_OVERLAY_WHEEL
+      the official torch wheel used by the wheel tests (default: .cache/wheels/torch-2.15.0-*.whl)
+
+The patch series under ``patches/`` is shipped as package data
+(``torch_fork_overlay/_patches``), so an installed tool works outside the
+checkout.
+"""
+
+import os
+import shutil
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+class build_py_with_patches(build_py):
+    def run(self):
+        super().run()
+        dest = os.path.join(self.build_lib, "torch_fork_overlay", "_patches")
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(os.path.join(ROOT, "patches"), dest)
+
+
+setup(
+    name="torch-fork-overlay",
+    version="0.1.0",
+    description="Apply this project's patch series to torch: patch an install or build a patched wheel",
+    packages=["torch_fork_overlay"],
+    python_requires=">=3.11",
+    install_requires=["packaging", "wheel>=0.48"],
+    cmdclass={"build_py": build_py_with_patches},
+    entry_points={"console_scripts": ["torch-fork-overlay = torch_fork_overlay.cli:main"]},
+)

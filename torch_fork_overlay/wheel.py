@@ -1,0 +1,211 @@
+"""``wheel``: repack an official torch wheel with a series applied.
+
+Uses the ``wheel`` package's own tooling: ``wheel unpack`` (which checks
+every file against the wheel's RECORD while extracting) and
+``wheel pack --local-version`` (which renames the ``.dist-info``, rewrites
+METADATA's Version and writes a fresh RECORD).  ``wheel pack`` *replaces*
+the local label, so we compute the full one ourselves: the existing label
+(``cu132``, from METADATA or, where METADATA carries none as in the official
+2.15.0 wheel, from ``torch/version.py``) plus ours: ``cu132.fakemode.1``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Iterator
+
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from . import state as st
+from .apply import patch_tree
+from .errors import OverlayError
+from .proc import run
+from .series import load_series
+
+DEFAULT_LABEL = "fakemode.1"
+ENV_CACHE = "TORCH_FORK_OVERLAY_CACHE"
+
+
+@contextlib.contextmanager
+def timed(step: str) -> Iterator[None]:
+    """Banner + elapsed time, like PyTorch's tools/nightly.py ``@timed``."""
+    print(f"==> {step}", flush=True)
+    t0 = time.monotonic()
+    yield
+    print(f"    {step}: {time.monotonic() - t0:.1f}s", flush=True)
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get(ENV_CACHE)
+    return Path(env) if env else Path.cwd() / ".cache"
+
+
+def download_wheel(*, version: str, cache_dir: Path) -> Path:
+    """``pip download torch==version`` (binary only, no deps) into the cache.
+
+    Passes an empty constraints file via ``PIP_CONSTRAINT``: environment
+    variables override pip.conf, so a site-wide ``constraint = ...`` cap
+    (e.g. ``torch<=2.14.1``) cannot block fetching the release we patch,
+    while the rest of pip.conf (index, find-links, cert) still applies.
+    """
+    dest = cache_dir / "wheels"
+    dest.mkdir(parents=True, exist_ok=True)
+    empty = cache_dir / "empty-constraints.txt"
+    empty.write_text("")
+    cp = run(
+        [sys.executable, "-m", "pip", "download", f"torch=={version}", "--no-deps",
+         "--only-binary=:all:", "-d", str(dest)],
+        env={"PIP_CONSTRAINT": str(empty)},
+        what=f"pip could not download the official torch {version} wheel",
+        cause="no network access to the index, or no torch wheel for this Python/platform",
+        next=f"download it yourself and pass it: python -m torch_fork_overlay wheel "
+        f"--wheel /path/to/torch-{version}-*.whl",
+    )
+    for line in cp.stdout.splitlines():
+        m = re.search(r"(?:Saved|File was already downloaded) (\S+\.whl)", line)
+        if m:
+            return Path(m.group(1))
+    found = sorted(dest.glob(f"torch-{version}-*.whl"))
+    if not found:
+        raise OverlayError(
+            f"pip download torch=={version} finished but left no wheel in {dest}",
+            cause="pip's output format changed or the download was not a wheel",
+            next=f"pass the wheel explicitly: python -m torch_fork_overlay wheel --wheel PATH",
+        )
+    return found[-1]
+
+
+def _bad_wheel(path: Path, detail: str, cause: str) -> OverlayError:
+    return OverlayError(
+        f"{path} is not a usable official torch wheel: {detail}",
+        cause=cause,
+        next="delete it and fetch the official wheel again: python -m torch_fork_overlay "
+        "wheel --version 2.15.0 (or pass --wheel with a good file)",
+    )
+
+
+def _local_of(unpacked: Path, dist_info: Path) -> tuple[str, str | None]:
+    meta = (dist_info / "METADATA").read_text(encoding="utf-8")
+    m = re.search(r"^Version: (\S+)$", meta, re.M)
+    mver = Version(m.group(1)) if m else None
+    vpy = (unpacked / "torch" / "version.py").read_text(encoding="utf-8")
+    vm = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", vpy, re.M)
+    pver = Version(vm.group(1)) if vm else None
+    local = (mver and mver.local) or (pver and pver.local)
+    return (mver or pver).base_version, local
+
+
+def build_wheel(
+    *,
+    version: str | None = None,
+    wheel_path: str | os.PathLike[str] | None = None,
+    out_dir: str | os.PathLike[str],
+    label: str = DEFAULT_LABEL,
+    patches_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> Path:
+    """Build ``<out_dir>/torch-<version>+<local>.<label>-<tags>.whl``.
+
+    Give the official wheel by ``wheel_path``, or a ``version`` to fetch with
+    pip. Returns the path of the new wheel.
+    """
+    if (version is None) == (wheel_path is None):
+        raise OverlayError(
+            "build_wheel needs exactly one of --version and --wheel",
+            cause="both or neither were given",
+            next="python -m torch_fork_overlay wheel --version 2.15.0",
+        )
+    try:
+        Version(f"1+{label}")
+        assert "-" not in label and "+" not in label
+    except (InvalidVersion, AssertionError):
+        raise OverlayError(
+            f"{label!r} is not a valid local version label",
+            cause="labels are dot-separated letters and digits (PEP 440)",
+            next="pass e.g. --label fakemode.1",
+        ) from None
+    t_all = time.monotonic()
+    if wheel_path is None:
+        load_series(version, patches_dir=patches_dir)  # fail fast before downloading
+        with timed(f"fetching torch {version} with pip download"):
+            wheel_path = download_wheel(
+                version=version, cache_dir=Path(cache_dir) if cache_dir else default_cache_dir()
+            )
+    wheel_path = Path(wheel_path)
+    if not wheel_path.is_file():
+        raise OverlayError(
+            f"wheel file {wheel_path} does not exist",
+            cause="the path is mistyped",
+            next="pass an existing file, or let the tool fetch it: --version 2.15.0",
+        )
+    try:
+        name, wver, _build, _tags = parse_wheel_filename(wheel_path.name)
+    except (InvalidWheelFilename, InvalidVersion) as e:
+        raise _bad_wheel(wheel_path, f"bad file name ({e})", "it is not a wheel file") from None
+    if name != "torch":
+        raise _bad_wheel(wheel_path, f"it is a wheel of {name!r}, not torch",
+                         "the wrong file was passed")
+    series = load_series(str(wver), patches_dir=patches_dir)
+    if not zipfile.is_zipfile(wheel_path):
+        raise _bad_wheel(wheel_path, "it is not a zip archive",
+                         "the download was truncated or the file is corrupt")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="tfo-wheel-", dir=out_dir) as tmp:
+        tmp = Path(tmp)
+        with timed(f"unpacking {wheel_path.name} (wheel unpack checks RECORD hashes)"):
+            run([sys.executable, "-m", "wheel", "unpack", "-d", str(tmp), str(wheel_path)],
+                what=f"wheel unpack failed on {wheel_path}",
+                cause="the wheel is corrupt: a file does not match its RECORD hash, "
+                "or the archive is damaged",
+                next="delete it and fetch the official wheel again: python -m "
+                f"torch_fork_overlay wheel --version {series.version}")
+        (unpacked,) = [p for p in tmp.iterdir() if p.is_dir()]
+        (dist_info,) = list(unpacked.glob("*.dist-info"))
+        base, local = _local_of(unpacked, dist_info)
+        wrong = [
+            rel for rel, v in series.manifest.items()
+            if st.sha256_file(unpacked / rel) != v["pristine"]
+        ]
+        if wrong:
+            raise _bad_wheel(
+                wheel_path,
+                f"{', '.join(wrong)} differ from pristine torch {series.version}",
+                "it is not an official build of that release (or was already patched)",
+            )
+        with timed(f"applying the v{series.version} series"):
+            applied = patch_tree(root=unpacked, series=series, include_tests=False)
+        for rel, v in series.manifest.items():
+            if st.sha256_file(unpacked / rel) != v["patched"]:
+                raise OverlayError(
+                    f"{rel} in the patched wheel does not match {series.dir / 'manifest.json'}",
+                    cause="the manifest is stale",
+                    next=f"python -m torch_fork_overlay refresh --manifest-only --version {series.version}",
+                )
+        new_local = f"{local}.{label}" if local else label
+        new_version = f"{base}+{new_local}"
+        vpy = unpacked / "torch" / "version.py"
+        text = vpy.read_text(encoding="utf-8")
+        text = re.sub(r"^(__version__\s*=\s*)['\"][^'\"]*['\"]", rf"\g<1>'{new_version}'",
+                      text, count=1, flags=re.M)
+        vpy.write_text(text, encoding="utf-8")
+        with timed(f"packing torch {new_version} (wheel pack writes RECORD)"):
+            run([sys.executable, "-m", "wheel", "pack", "--local-version", new_local,
+                 "-d", str(tmp), str(unpacked)],
+                what="wheel pack failed", cause="see the output above",
+                next="pip install -U 'wheel>=0.48' and rerun")
+        (built,) = list(tmp.glob("*.whl"))
+        final = out_dir / built.name
+        os.replace(built, final)
+    print(f"built {final} from {wheel_path.name} with {', '.join(applied) or 'no patches'} "
+          f"in {time.monotonic() - t_all:.1f}s\n  install with: pip install {final}")
+    return final
