@@ -210,3 +210,30 @@ def test_filter_patch_keeps_existing_test_plan():
     out = filter_patch(mail, test_plan=["python test/b.py"])
     assert "python test/b.py" not in out and "Applies-To" not in out
     assert out.endswith("Test Plan:\n    pytest a.py\n\n---\n diff\n")
+
+
+def test_export_shipped_series(repo):
+    """The project's real patches/v2.15.0 applies with git am to the release's files."""
+    from torch_fork_overlay.series import load_series
+
+    series = load_series("2.15.0")
+    lines = []
+    res = export(pytorch_src=repo, echo=lines.append)
+    assert len(res.commits) == len(series.patches)
+    msgs = git(repo, "log", "--format=%B", "v2.15.0..HEAD").stdout
+    for trailer in ("Applies-To:", "Forwarded:", "Last-Update:"):
+        assert trailer not in msgs
+    for rel, hashes in series.manifest.items():
+        assert sha(repo / rel) == hashes["patched"], rel
+
+
+def test_cli_export_error_changes_nothing(repo):
+    with open(repo / TOUCHED, "a") as f:
+        f.write("# dirty\n")
+    before = snapshot(repo)
+    cp = subprocess.run([sys.executable, "-m", "torch_fork_overlay", "export", "--pytorch-src", str(repo)],
+                        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
+    assert cp.returncode == 2
+    assert cp.stderr.startswith(f"error: {repo} has uncommitted changes: {TOUCHED}\n  likely cause:")
+    assert "\n  next: git -C" in cp.stderr and "Traceback" not in cp.stderr
+    assert snapshot(repo) == before

@@ -223,3 +223,21 @@ def test_shipped_suites_name_the_upstream_files():
     assert suites["proxy"].files == ("test/test_proxy_tensor.py",)
     for s in suites.values():
         assert {"torch", "pytest", "expecttest", "hypothesis"} <= set(s.requires)
+
+
+def test_cli_exit_status_and_report(env):
+    import subprocess
+
+    src, suites, stock, patched, out = env
+    repo = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-m", "torch_fork_overlay", "upstream-tests", "--pytorch-src", str(src),
+           "--suite", "tiny", "--suites-file", str(suites), "--out-dir", str(out),
+           "--stock-python", stock, "--patched-python", patched]
+    cp = subprocess.run(cmd, capture_output=True, text=True, cwd=repo)
+    assert cp.returncode == 1, cp.stderr
+    assert "regressions (pass on stock, fail patched):\n    test/test_alpha.py::test_regresses" in cp.stdout
+    cp = subprocess.run(cmd[:-1] + [stock], capture_output=True, text=True, cwd=repo)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    cp = subprocess.run(cmd[:-1] + ["/nonexistent/python"], capture_output=True, text=True, cwd=repo)
+    assert cp.returncode == 2 and cp.stderr.startswith("error: the patched interpreter")
+    assert "Traceback" not in cp.stderr
