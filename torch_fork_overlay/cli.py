@@ -143,11 +143,14 @@ def _add_export(sub) -> None:
     p.add_argument("--pytorch-src", required=True, metavar="DIR", help="PyTorch git checkout (repository root)")
     p.add_argument("--base", default="v2.15.0", help="v<release> (a supported series) or main (default: v2.15.0)")
     p.add_argument("--branch", help="branch to create (default: torch-fork-overlay/fakemode-<base>)")
+    p.add_argument("--keep-author", action="store_true",
+                   help="keep the patch files' authors (default: you, as git's author identity says)")
     _patches(p)
 
     def run(a):
         from .export import export
-        export(pytorch_src=a.pytorch_src, base=a.base, branch=a.branch, patches_dir=a.patches_dir)
+        export(pytorch_src=a.pytorch_src, base=a.base, branch=a.branch, keep_author=a.keep_author,
+               patches_dir=a.patches_dir)
 
     p.set_defaults(func=run)
 

@@ -10,7 +10,9 @@ branch, and runs ``git am --3way`` on a filtered copy of each patch:
   are removed from the message;
 * a message without a ``Test Plan:`` gets one listing the exact commands that
   run the series' upstream test files;
-* ``Fixes #...`` lines are kept as written and never invented.
+* ``Fixes #...`` lines are kept as written and never invented;
+* the author becomes the person exporting (who signs PyTorch's CLA), unless
+  ``--keep-author``.
 
 It prints the next commands (review, test, ``ghstack`` or ``git push``) and
 runs none of them.  On any failure the branch is deleted and HEAD restored.
@@ -122,8 +124,26 @@ def add_test_plan(body: list[str], commands: list[str]) -> list[str]:
     return body[:end] + ([""] if end else []) + plan[:-1]
 
 
-def filter_patch(text: str, *, test_plan: list[str]) -> str:
+def set_author(headers: list[str], author: str) -> list[str]:
+    """Replace the mail's ``From:`` header (and its folded lines) with ``author``."""
+    out: list[str] = []
+    skipping = False
+    for line in headers:
+        if line.startswith("From: "):
+            out.append(f"From: {author}")
+            skipping = True
+        elif skipping and line[:1] in (" ", "\t"):
+            continue
+        else:
+            skipping = False
+            out.append(line)
+    return out
+
+
+def filter_patch(text: str, *, test_plan: list[str], author: str | None = None) -> str:
     headers, body, rest = split_patch(text)
+    if author:
+        headers = set_author(headers, author)
     body = add_test_plan(strip_project_trailers(body), test_plan)
     return "\n".join(headers + [""] + body + [""] + rest)
 
@@ -189,10 +209,16 @@ def export(
     pytorch_src: str | os.PathLike[str],
     base: str = "v2.15.0",
     branch: str | None = None,
+    keep_author: bool = False,
     patches_dir: str | os.PathLike[str] | None = None,
     echo: Callable[[str], None] = print,
 ) -> ExportResult:
-    """Check ``pytorch_src`` and commit the series onto a new branch there."""
+    """Check ``pytorch_src`` and commit the series onto a new branch there.
+
+    The commits are authored by the person exporting (git's author identity in
+    the checkout), who submits the PR and signs PyTorch's CLA; ``keep_author``
+    keeps the authors recorded in the patch files instead.
+    """
     src = co.require_source_dir(pytorch_src, command="export")
     co.require_git_checkout(src, command="export")
     base, series = _resolve_base(base, patches_dir)
@@ -222,9 +248,10 @@ def export(
             cause="an earlier export made it",
             next=f"git -C {src} branch -D {branch}, or pass --branch <another name>",
         )
-    if co.git(src, "var", "GIT_COMMITTER_IDENT", check=False).returncode != 0:
+    ident = co.git(src, "var", "GIT_AUTHOR_IDENT", check=False)
+    if ident.returncode != 0 or co.git(src, "var", "GIT_COMMITTER_IDENT", check=False).returncode != 0:
         raise OverlayError(
-            f"git in {src} has no committer identity",
+            f"git in {src} has no author/committer identity",
             cause="user.name / user.email are not configured",
             next='git config --global user.name "Your Name" && git config --global user.email you@example.com',
         )
@@ -233,12 +260,13 @@ def export(
         f"progress, clean tree, base, {len(series.manifest)} touched file(s) pristine"
     )
 
+    author = None if keep_author else ident.stdout.strip().rsplit(" ", 2)[0]  # drop "<time> <tz>"
     plan = test_plan_commands(series)
     with tempfile.TemporaryDirectory(prefix="tfo-export-") as tmp:
         mails = []
         for p in series.patches:
             out = Path(tmp) / p.name
-            out.write_text(filter_patch(p.path.read_text(encoding="utf-8"), test_plan=plan), encoding="utf-8")
+            out.write_text(filter_patch(p.path.read_text(encoding="utf-8"), test_plan=plan, author=author), encoding="utf-8")
             mails.append(str(out))
         co.git(src, "checkout", "--quiet", "-b", branch)
         cp = co.git(src, "am", "--3way", "--quiet", *mails, check=False)

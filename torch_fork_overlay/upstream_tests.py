@@ -282,6 +282,10 @@ def upstream_tests(
                "patched": patched_python or default_python("patched")}
     requires = {m for s in chosen for m in s.requires}
     infos = {side: _probe(pythons[side], side, src, requires) for side in SIDES}
+    tf = {side: infos[side].get("torch_file") for side in SIDES}
+    if tf["stock"] and tf["stock"] == tf["patched"]:
+        echo(f"warning: both interpreters import the same torch ({tf['stock']}); "
+             "the comparison can show no difference")
     out = Path(out_dir) if out_dir else PROJECT_ROOT / "build" / "upstream-tests"
     out.mkdir(parents=True, exist_ok=True)
 

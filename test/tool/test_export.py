@@ -225,6 +225,18 @@ def test_export_shipped_series(repo):
         assert trailer not in msgs
     for rel, hashes in series.manifest.items():
         assert sha(repo / rel) == hashes["patched"], rel
+    # the exporter, not the project's placeholder identity, authors the PR commits
+    assert set(git(repo, "log", "--format=%an <%ae>", "v2.15.0..HEAD").stdout.split("\n")[:-1]) == {
+        "Test Author <author@example.com>"}
+
+
+def test_export_keep_author(repo):
+    from torch_fork_overlay.series import load_series
+
+    first = load_series("2.15.0").patches[0].path.read_text()
+    author = next(l for l in first.splitlines() if l.startswith("From: "))[6:]
+    res, _ = _export(repo, None, keep_author=True)
+    assert git(repo, "log", "--format=%an <%ae>", "-1", f"v2.15.0..{res.branch}~{len(res.commits) - 1}").stdout.strip() == author
 
 
 def test_cli_export_error_changes_nothing(repo):
