@@ -58,7 +58,9 @@ def run_case(python: str, device: str, backend: str, timeout: float) -> str:
     exc = next((l for l in reversed(lines) if not l.startswith(" ") and ":" in l
                 and not l.startswith(("Traceback", "During handling", "The above", "Set TORCH"))),
                lines[-1] if lines else f"exit status {cp.returncode}")
-    return "error: " + exc[:90]
+    name, _, rest = exc.partition(":")
+    exc = name.rsplit(".", 1)[-1] + ":" + rest  # torch._inductor.exc.InductorError -> InductorError
+    return "error: " + (exc if len(exc) <= 72 else exc[:69] + "...")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     w = max(len(r) for r in results.values())
     header = f"{'device':<7} {'backend':<10} {'stock':<{w}}  patched"
     print(header)
-    print("-" * len(header) + "-" * (w - 5))
+    print("-" * (len(header) + 8))
     for d, b in cases:
         print(f"{d:<7} {b:<10} {results[('stock', d, b)]:<{w}}  {results[('patched', d, b)]}")
     return 0

@@ -143,7 +143,8 @@ def _trailers(repo: Path, *, version: str) -> None:
 
 def _format_patch(repo: Path) -> tuple[str, str]:
     out = repo.parent / "out"
-    cp = _git(repo, "format-patch", "--zero-commit", "--no-signature", "-N", "-1", "HEAD", "-o", str(out))
+    cp = _git(repo, "format-patch", "--zero-commit", "--no-signature", "-N",
+               "--filename-max-length=200", "-1", "HEAD", "-o", str(out))
     path = Path(cp.stdout.strip().splitlines()[-1])
     return path.name, path.read_text(encoding="utf-8")
 
