@@ -80,13 +80,13 @@ def git(cwd, *args, check=True):
 
 
 def find_wheel() -> Path:
-    cands = [os.environ.get("TORCH_FORK_OVERLAY_TEST_WHEEL", "")]
+    cands = [os.environ.get("TORCH_FORK_OVERLAY_WHEEL", ""), os.environ.get("TORCH_FORK_OVERLAY_TEST_WHEEL", "")]
     for d in (REPO / ".cache", Path("/work/cache/wheels")):
         cands += sorted(glob.glob(str(d / "**" / f"torch-{VERSION}-*.whl"), recursive=True))
     for c in cands:
         if c and Path(c).is_file():
             return Path(c)
-    pytest.skip(f"no official torch {VERSION} wheel found (set TORCH_FORK_OVERLAY_TEST_WHEEL)")
+    pytest.skip(f"no official torch {VERSION} wheel found (set TORCH_FORK_OVERLAY_WHEEL)")
 
 
 def extract_py(wheel: Path, dest: Path, *, only: list[str] | None = None) -> None:
