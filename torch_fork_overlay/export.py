@@ -157,6 +157,12 @@ def _resolve_base(base: str, patches_dir) -> tuple[str, Series]:
         if not supported:
             load_series("0", patches_dir=patches_dir)  # raises the "no series" error
         return "main", load_series(supported[-1], patches_dir=patches_dir)
+    if not re.fullmatch(r"v?\d+(\.\d+)*\S*", base):
+        raise OverlayError(
+            f"--base {base} is neither a release tag nor main",
+            cause="--base takes a release tag such as v2.15.0 (a supported series), or main",
+            next="python -m torch_fork_overlay export --pytorch-src DIR --base v2.15.0",
+        )
     version = base[1:] if base.startswith("v") else base
     series = load_series(version, patches_dir=patches_dir)
     if Version(version).base_version != version:
@@ -187,19 +193,19 @@ def _check_base(src: Path, base: str, series: Series, sha: str) -> None:
             next=f"git -C {src} checkout {base} (git -C {src} fetch --tags first if the tag is missing), "
             f"then {cmd} --base {base}",
         )
-    tagged = co.tag_commit(src, base)
-    if tagged is not None and tagged != sha:
-        raise OverlayError(
-            f"HEAD of {src} is {sha[:12]}, not the {base} tag ({tagged[:12]})",
-            cause="the checkout has moved past the release (or is another commit on its branch)",
-            next=f"git -C {src} checkout {base}, then {cmd} --base {base}",
-        )
     state = co.manifest_states(src, series)
     if state and set(state.values()) == {"patched"}:
         raise OverlayError(
             f"the v{series.version} series is already committed at HEAD {sha[:12]} of {src}",
             cause="an earlier export (or a manual git am) already applied it",
             next=f"git -C {src} log --oneline {base}..HEAD to see it, or git -C {src} checkout {base} and rerun",
+        )
+    tagged = co.tag_commit(src, base)
+    if tagged is not None and tagged != sha:
+        raise OverlayError(
+            f"HEAD of {src} is {sha[:12]}, not the {base} tag ({tagged[:12]})",
+            cause="the checkout has moved past the release (or is another commit on its branch)",
+            next=f"git -C {src} checkout {base}, then {cmd} --base {base}",
         )
     co.require_matching_files(src, series, allow_patched=False, command="export")
 

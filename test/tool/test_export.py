@@ -249,3 +249,18 @@ def test_cli_export_error_changes_nothing(repo):
     assert cp.stderr.startswith(f"error: {repo} has uncommitted changes: {TOUCHED}\n  likely cause:")
     assert "\n  next: git -C" in cp.stderr and "Traceback" not in cp.stderr
     assert snapshot(repo) == before
+
+
+def test_export_twice_says_already_committed(repo, patches):
+    res, _ = _export(repo, patches)
+    before = snapshot(repo)
+    with pytest.raises(OverlayError) as e:
+        _export(repo, patches, branch="again")
+    assert "series is already committed at HEAD" in e.value.what
+    assert snapshot(repo) == before
+
+
+def test_base_that_is_not_a_tag(repo, patches):
+    with pytest.raises(OverlayError) as e:
+        _export(repo, patches, base="origin/main")
+    assert "--base origin/main is neither a release tag nor main" in e.value.what
