@@ -207,7 +207,11 @@ def apply_series(src: Path, series: Series, state: str, echo: Callable[[str], No
             if (stage / rel).is_file():
                 (src / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(stage / rel, src / rel)
-    echo(f"source-build: applied {', '.join(applied)} to {src}")
+    new = sorted({f for p in series.patches for f in p.new_files})
+    changed = [f for f in files if f not in new]
+    echo(f"source-build: applied {', '.join(applied)} to {src}\n"
+         f"  undo with: git -C {src} checkout -- {' '.join(changed)}"
+         + (f" && rm -f {' '.join(str(src / f) for f in new)}" if new else ""))
 
 
 # --- plan and build ------------------------------------------------------------

@@ -84,7 +84,7 @@ def test_configure_apply_and_dry_run(src, tmp_path):
     assert cp.returncode == 0, cp.stdout + cp.stderr
     out = cp.stdout
     assert state(src) == {"patched"}
-    assert "applied 0001-" in out
+    assert "applied 0001-" in out and f"undo with: git -C {src} checkout -- {sorted(SERIES.manifest)[0]}" in out
     assert f"  {sys.executable} -m pip wheel . --no-build-isolation --no-deps -v -w {b / 'dist'}" in out
     for line in ("PYTORCH_BUILD_VERSION=2.15.0+fakemode.1", "PYTORCH_BUILD_NUMBER=1", "USE_CUDA=0",
                  "MAX_JOBS=3", f"cwd: {src}"):
