@@ -118,7 +118,7 @@ def find_cuda(cuda_home: str | None = None) -> tuple[str, str]:
     root = cuda_home or os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     if root:
         nvcc = Path(root) / "bin" / "nvcc"
-        where = f"{nvcc} (from {'--cuda-home' if cuda_home else '$CUDA_HOME'})"
+        where = f"{nvcc} (from {'--cuda-home, i.e. -DCUDAToolkit_ROOT' if cuda_home else '$CUDA_HOME'})"
         nvcc = str(nvcc) if nvcc.is_file() else None
     else:
         nvcc = shutil.which("nvcc") or (
