@@ -264,3 +264,11 @@ def test_base_that_is_not_a_tag(repo, patches):
     with pytest.raises(OverlayError) as e:
         _export(repo, patches, base="origin/main")
     assert "--base origin/main is neither a release tag nor main" in e.value.what
+
+
+def test_set_author_replaces_folded_from_header():
+    from torch_fork_overlay.export import set_author
+
+    headers = ["From 0000 Mon Sep 17 00:00:00 2001", "From: =?UTF-8?q?A?=", " <a@b>", "Date: x", "Subject: y"]
+    assert set_author(headers, "Me <me@x>") == ["From 0000 Mon Sep 17 00:00:00 2001", "From: Me <me@x>",
+                                                 "Date: x", "Subject: y"]
