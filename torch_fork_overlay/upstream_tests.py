@@ -205,7 +205,7 @@ def _probe(python: str, side: str, src: Path, requires: set[str]) -> dict:
     if info["missing"]:
         raise OverlayError(
             f"the {side} interpreter {python} cannot import {', '.join(info['missing'])}",
-            cause="PyTorch's tests need pytest, expecttest and hypothesis besides torch",
+            cause="PyTorch's tests need numpy, pytest, expecttest and hypothesis besides torch",
             next=f"{python} -m pip install {' '.join(m for m in info['missing'] if m != 'torch') or 'torch'}",
         )
     tf = info.get("torch_file")

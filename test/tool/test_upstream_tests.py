@@ -222,7 +222,7 @@ def test_shipped_suites_name_the_upstream_files():
     assert suites["export"].files == ("test/export/test_export.py",)
     assert suites["proxy"].files == ("test/test_proxy_tensor.py",)
     for s in suites.values():
-        assert {"torch", "pytest", "expecttest", "hypothesis"} <= set(s.requires)
+        assert {"torch", "numpy", "pytest", "expecttest", "hypothesis"} <= set(s.requires)
 
 
 def test_cli_exit_status_and_report(env):
