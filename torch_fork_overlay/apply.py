@@ -113,13 +113,16 @@ def commit_changes(changes: list[tuple[Path, bytes | None]]) -> None:
 
     All new contents are first written to temp files next to their target;
     then each is moved in with ``os.replace``. On any failure the targets
-    already replaced are restored from memory and temp files are removed.
+    already replaced are restored from memory and temp files are removed;
+    an ``OSError`` is reported as ``OverlayError``.
     """
     temps: dict[Path, Path] = {}
     made_dirs: list[Path] = []
     done: list[tuple[Path, bytes | None]] = []
+    current: Path | None = None
     try:
         for path, data in changes:
+            current = path
             if data is None:
                 continue
             if not path.parent.exists():
@@ -134,14 +137,16 @@ def commit_changes(changes: list[tuple[Path, bytes | None]]) -> None:
                 os.chmod(tmp, 0o644)
             temps[path] = Path(tmp)
         for path, data in changes:
-            old = path.read_bytes() if path.exists() else None
+            current = path
+            old = path.read_bytes() if path.is_file() else None
             if data is None:
                 if old is not None:
                     path.unlink()
             else:
-                os.replace(temps.pop(path), path)
+                os.replace(temps[path], path)
+                del temps[path]
             done.append((path, old))
-    except BaseException:
+    except BaseException as exc:
         for path, old in reversed(done):
             try:
                 if old is None:
@@ -157,6 +162,14 @@ def commit_changes(changes: list[tuple[Path, bytes | None]]) -> None:
                 d.rmdir()
             except OSError:
                 pass
+        if isinstance(exc, OSError):
+            raise OverlayError(
+                f"could not write {current} ({exc.strerror}); the "
+                f"{len(done)} file(s) already replaced were restored, nothing was changed",
+                cause="the file system refused a write after the checks passed: a path "
+                "changed type, the disk is full, or another process is changing the install",
+                next="fix the path named above, then rerun the same command",
+            ) from exc
         raise
 
 

@@ -190,7 +190,21 @@ def test_commit_changes_rolls_back_when_a_replace_fails(tmp_path):
     a, b = tmp_path / "a.py", tmp_path / "b_is_a_dir"
     a.write_bytes(b"old a")
     b.mkdir()
-    with pytest.raises(IsADirectoryError):
+    with pytest.raises(OverlayError, match=r"the 1 file\(s\) already replaced were restored"):
         commit_changes([(a, b"new a"), (b, b"cannot replace a directory")])
     assert a.read_bytes() == b"old a"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.py", "b_is_a_dir"]
+
+
+def test_apply_rolls_back_when_a_write_fails_after_the_checks(fake_install, patches_dir):
+    # The state file path is a directory: every check passes, backups and
+    # patched files are moved in, then replacing the state file fails.
+    (fake_install / "torch" / st.STATE_NAME).mkdir()
+    before = tree_digest(fake_install)
+    with pytest.raises(OverlayError) as e:
+        _apply(fake_install, patches_dir)
+    assert str(e.value).startswith(
+        f"error: could not write {fake_install / 'torch' / st.STATE_NAME} (Is a directory); "
+        "the 4 file(s) already replaced were restored, nothing was changed\n"
+    )
+    assert tree_digest(fake_install) == before
