@@ -134,7 +134,100 @@ def _add_refresh(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _add_export(sub) -> None:
+    p = sub.add_parser("export", help="commit the series onto a PyTorch checkout as upstream PR commits",
+                       description="Check the checkout (git repository root, clean tree, HEAD at the claimed "
+                       "base, touched files pristine), create a branch and git am the series (code and "
+                       "tests) with PR-style messages, project-only trailers stripped. Prints the next "
+                       "commands (ghstack or git push) and runs none of them.")
+    p.add_argument("--pytorch-src", required=True, metavar="DIR", help="PyTorch git checkout (repository root)")
+    p.add_argument("--base", default="v2.15.0", help="v<release> (a supported series) or main (default: v2.15.0)")
+    p.add_argument("--branch", help="branch to create (default: torch-fork-overlay/fakemode-<base>)")
+    p.add_argument("--keep-author", action="store_true",
+                   help="keep the patch files' authors (default: you, as git's author identity says)")
+    _patches(p)
+
+    def run(a):
+        from .export import export
+        export(pytorch_src=a.pytorch_src, base=a.base, branch=a.branch, keep_author=a.keep_author,
+               patches_dir=a.patches_dir)
+
+    p.set_defaults(func=run)
+
+
+def _add_upstream_tests(sub) -> None:
+    p = sub.add_parser("upstream-tests", help="run PyTorch's own test suites on stock vs patched torch",
+                       description="Run named suites of upstream test files from a PyTorch checkout with the "
+                       "stock and the patched interpreter; report regressions (pass stock, fail patched), "
+                       "fixes and tests failing on both. Exit status 1 on a regression or an incomplete run.")
+    p.add_argument("--pytorch-src", metavar="DIR", help="PyTorch checkout providing test/ (required unless --list)")
+    p.add_argument("--suite", action="append", metavar="NAME", help="suite to run (repeatable; default: all)")
+    p.add_argument("--stock-python", metavar="PATH",
+                   help="stock interpreter (default: $TORCH_FORK_OVERLAY_STOCK_PYTHON, else .venv-stock/bin/python)")
+    p.add_argument("--patched-python", metavar="PATH",
+                   help="patched interpreter (default: $TORCH_FORK_OVERLAY_PATCHED_PYTHON, else .venv/bin/python)")
+    p.add_argument("--out-dir", metavar="DIR", help="junit files, logs, report.json (default: build/upstream-tests)")
+    p.add_argument("--suites-file", metavar="FILE", help="suites TOML (default: the shipped suites.toml)")
+    p.add_argument("--list", action="store_true", help="list the suites and exit")
+
+    def run(a):
+        from . import upstream_tests as ut
+        if a.list:
+            for s in ut.load_suites(a.suites_file).values():
+                files = "".join(f"\n  {f}" for f in s.files)
+                print(f"{s.name}: {s.description}{files}" + (f"\n  -k {s.k!r}" if s.k else "")
+                      + f"\n  timeout {s.timeout}s")
+            return
+        if not a.pytorch_src:
+            p.error("--pytorch-src is required")
+        reports = ut.upstream_tests(pytorch_src=a.pytorch_src, suites=a.suite, stock_python=a.stock_python,
+                                    patched_python=a.patched_python, out_dir=a.out_dir,
+                                    suites_file=a.suites_file)
+        raise SystemExit(ut.exit_status(reports))
+
+    p.set_defaults(func=run)
+
+
+def _add_source_build(sub) -> None:
+    p = sub.add_parser("source-build", help="apply the series to a PyTorch checkout and build a wheel",
+                       description="Check the checkout matches a supported series, apply it (tests "
+                       "included; idempotent) and run PyTorch's build (pip wheel . --no-build-isolation) "
+                       "with PYTORCH_BUILD_VERSION=<release>+<label>. Called by CMakeLists.txt.")
+    p.add_argument("--pytorch-src", metavar="DIR", help="PyTorch checkout (repository root; required "
+                   "unless --check-cuda)")
+    p.add_argument("--use-cuda", default="OFF", type=str.upper, choices=["ON", "OFF", "1", "0", "TRUE", "FALSE"],
+                   help="build the CUDA backend (default: OFF)")
+    p.add_argument("--cuda-home", metavar="DIR", help="CUDA toolkit root (default: $CUDA_HOME, PATH, /usr/local/cuda)")
+    p.add_argument("--max-jobs", type=int, metavar="N", help="parallel compile jobs (MAX_JOBS)")
+    p.add_argument("--label", default="fakemode.1", help="local version label (default: fakemode.1)")
+    p.add_argument("--build-number", default="1", help="PYTORCH_BUILD_NUMBER (default: 1)")
+    p.add_argument("--python", metavar="PATH", help="interpreter that runs PyTorch's build (default: this one)")
+    p.add_argument("--dist-dir", default="dist", metavar="DIR", help="where the wheel goes (default: dist)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--dry-run", action="store_true",
+                   help="check and apply, then print the build command and environment instead of building "
+                   "(also $TORCH_FORK_OVERLAY_DRY_RUN=1)")
+    g.add_argument("--check-only", action="store_true", help="only check the checkout and toolkit; change nothing")
+    g.add_argument("--check-cuda", action="store_true", help="only find and check the CUDA toolkit")
+    _patches(p)
+
+    def run(a):
+        from .source_build import check_cuda, source_build
+        if a.check_cuda:
+            check_cuda(cuda_home=a.cuda_home)
+            return
+        if not a.pytorch_src:
+            p.error("--pytorch-src is required")
+        source_build(pytorch_src=a.pytorch_src, use_cuda=a.use_cuda in ("ON", "1", "TRUE"),
+                     max_jobs=a.max_jobs, label=a.label, build_number=a.build_number, python=a.python,
+                     cuda_home=a.cuda_home, dist_dir=a.dist_dir, dry_run=a.dry_run or None,
+                     check_only=a.check_only, patches_dir=a.patches_dir)
+
+    p.set_defaults(func=run)
+
+
 SUBCOMMANDS: list[Callable] = [_add_status, _add_apply, _add_revert, _add_wheel, _add_refresh]
+SUBCOMMANDS += [_add_export, _add_upstream_tests, _add_source_build]
 
 
 def build_parser() -> argparse.ArgumentParser:
