@@ -44,6 +44,7 @@ setup(
     version="0.1.0",
     description="Apply this project's patch series to torch: patch an install or build a patched wheel",
     packages=["torch_fork_overlay"],
+    package_data={"torch_fork_overlay": ["suites.toml"]},
     python_requires=">=3.11",
     install_requires=["packaging", "wheel>=0.48"],
     cmdclass={"build_py": build_py_with_patches},
