@@ -155,24 +155,42 @@ def _node_id(file: str | None, classname: str, name: str) -> str:
 
 
 def compare(suite: Suite, stock: Run, patched: Run) -> SuiteReport:
+    """Classify every test id seen on either side; no status change goes unreported.
+
+    A test that does not pass on the patched side although it did not fail on stock
+    (passed, or skipped there) is a regression; one that fails on stock and passes
+    patched is a fix. A test missing on one side crashed, timed out or was not collected.
+    """
     s, p = stock.outcomes, patched.outcomes
     regressions, fixes, both_fail, only_patched = [], [], [], []
     both_pass = skipped = 0
     for key in sorted(set(s) | set(p)):
         a, b = s.get(key), p.get(key)
-        if a == "passed" and b in ("failed", None):
-            regressions.append(key + ("" if b else "  (missing on patched: crashed, timed out or not collected)"))
-        elif a == "failed" and b == "passed":
-            fixes.append(key)
-        elif a == "failed" and b == "failed":
-            both_fail.append(key)
-        elif a == "passed" and b == "passed":
+        if a == b == "passed":
             both_pass += 1
-        elif "skipped" in (a, b):
+        elif a == b == "skipped":
             skipped += 1
         elif a is None:
             only_patched.append(f"{key} ({b})")
+        elif b == "passed":
+            # failed -> passed is a fix; skipped -> passed changes nothing we judge
+            if a == "failed":
+                fixes.append(key)
+            else:
+                skipped += 1
+        elif a == "failed":
+            both_fail.append(key if b == "failed" else f"{key}  ({_patched_status(b)})")
+        else:
+            # passed or skipped on stock; failed, skipped or missing on patched
+            regressions.append(key if (a, b) == ("passed", "failed")
+                               else f"{key}  ({a} on stock, {_patched_status(b)})")
     return SuiteReport(suite, stock, patched, regressions, fixes, both_fail, both_pass, skipped, only_patched)
+
+
+def _patched_status(outcome: str | None) -> str:
+    if outcome is None:
+        return "missing on patched: crashed, timed out or not collected"
+    return f"{outcome} on patched"
 
 
 # --- running -------------------------------------------------------------------

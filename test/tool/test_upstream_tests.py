@@ -241,3 +241,28 @@ def test_cli_exit_status_and_report(env):
     cp = subprocess.run(cmd[:-1] + ["/nonexistent/python"], capture_output=True, text=True, cwd=repo)
     assert cp.returncode == 2 and cp.stderr.startswith("error: the patched interpreter")
     assert "Traceback" not in cp.stderr
+
+
+@pytest.mark.parametrize(
+    "stock_outcome, patched_outcome, where",
+    [
+        ("passed", "skipped", "regressions"),   # a pass that turned into a skip can hide a failure
+        ("skipped", "failed", "regressions"),   # newly failing
+        ("passed", None, "regressions"),        # crashed or not collected on patched
+        ("failed", None, "both_fail"),          # still not passing, now crashing
+        ("failed", "passed", "fixes"),
+        (None, "passed", "only_patched"),
+    ],
+)
+def test_compare_reports_every_status_change(tmp_path, stock_outcome, patched_outcome, where):
+    from torch_fork_overlay.upstream_tests import Run, Suite, compare
+
+    def run(side, outcome):
+        outcomes = {} if outcome is None else {"test/test_x.py::test_y": outcome}
+        return Run(side, "python", 0, False, 0.0, tmp_path / "j.xml", tmp_path / "log", outcomes)
+
+    suite = Suite.__new__(Suite)
+    report = compare(suite, run("stock", stock_outcome), run("patched", patched_outcome))
+    found = {name: [k for k in getattr(report, name) if k.startswith("test/test_x.py::test_y")]
+             for name in ("regressions", "fixes", "both_fail", "only_patched")}
+    assert [name for name, keys in found.items() if keys] == [where]
