@@ -10,8 +10,8 @@ Scenarios (``--scenarios``, default all):
                 torch._inductor.config.wrap_inductor_compiled_regions = True
   fake-fwdbwd   the same with forward + backward
   cache-hit     real tensors, compiled function, per-call wall time after warm-up (1 input, 8 inputs, nn.Linear)
-  callgrind     the cache-hit calls counted in instructions with valgrind --tool=callgrind (N and 2N calls,
-                difference / N, so import and compile cancel)
+  callgrind     the cache-hit calls counted in instructions with valgrind --tool=callgrind, collection on
+                only for the N counted calls of each case
   compile-real  first-call inductor compile of the tiny decoder on real tensors (seq 128), fresh cache
 
 Interpreters: ``--stock-python`` (default $TORCH_FORK_OVERLAY_STOCK_PYTHON, else .venv-stock/bin/python) and
@@ -277,31 +277,25 @@ def _callgrind_total(path: str) -> int:
 
 
 def run_callgrind(runner: Runner, args) -> dict:
-    data: dict = {v: {} for v in CACHE_HIT_VARIANTS}
     n = args.callgrind_calls
-    for variant in CACHE_HIT_VARIANTS:
-        counts: dict = {"stock": {}, "patched": {}}
-        for calls in (n, 2 * n):
-            outs = {side: os.path.join(runner.log_dir, f"callgrind-{variant}-{side}-{calls}.out")
-                    for side in ("stock", "patched")}
-            # One timed block of `calls` calls after the warm-up; the 2N - N difference cancels import, compile
-            # and warm-up, which are the same in both processes. Instruction counts do not depend on contention,
-            # so stock and patched run at the same time.
-            wargs = ["cache-hit", "--variant", variant, "--backend", args.callgrind_backend, "--calls",
-                     str(calls), "--repeats", "1", "--warmup", "200"]
-            results = runner.workers(
-                [(side, f"callgrind {variant} {calls} calls", wargs) for side in ("stock", "patched")],
-                wrapper=lambda side, label: ["valgrind", "--tool=callgrind", f"--callgrind-out-file={outs[side]}"],
-                timeout=args.callgrind_timeout)
-            for side, res in zip(("stock", "patched"), results):
-                ok_ = res["status"] == "ok" and os.path.exists(outs[side])
-                counts[side][calls] = _callgrind_total(outs[side]) if ok_ else res["status"]
-        for side in ("stock", "patched"):
-            a, b = counts[side][n], counts[side][2 * n]
-            if isinstance(a, int) and isinstance(b, int):
-                data[variant][side] = (b - a) / n
+    outs = {side: os.path.join(runner.log_dir, f"callgrind-{side}.out") for side in ("stock", "patched")}
+    # One process per interpreter; collection is on only for the N calls of each variant (dump k = variant k).
+    # Instruction counts do not depend on contention, so stock and patched run at the same time.
+    wargs = ["callgrind", "--variants", *CACHE_HIT_VARIANTS, "--backend", args.callgrind_backend,
+             "--calls", str(n), "--warmup", "200"]
+    results = runner.workers(
+        [(side, f"callgrind {n} calls x {len(CACHE_HIT_VARIANTS)} cases", wargs) for side in ("stock", "patched")],
+        wrapper=lambda side, label: ["valgrind", "--tool=callgrind", "--collect-atstart=no",
+                                     f"--callgrind-out-file={outs[side]}"],
+        timeout=args.callgrind_timeout)
+    data: dict = {v: {} for v in CACHE_HIT_VARIANTS}
+    for side, res in zip(("stock", "patched"), results):
+        for k, variant in enumerate(CACHE_HIT_VARIANTS, start=1):
+            path = f"{outs[side]}.{k}"
+            if res["status"] == "ok" and os.path.exists(path):
+                data[variant][side] = _callgrind_total(path) / n
             else:
-                data[variant][side] = a if not isinstance(a, int) else b
+                data[variant][side] = res["status"]
     return data
 
 
@@ -313,7 +307,7 @@ def table_callgrind(data: dict) -> str:
         ratio = fmt_ratio(p, s) if isinstance(s, float) and isinstance(p, float) else "-"
         rows.append(f"| {CACHE_HIT_LABELS[variant]} | {num(s)} | {num(p)} | {ratio} |")
     return ("### Real path, cache hit: instructions per call (valgrind --tool=callgrind, backend {cg_backend},"
-            " (count(2N) - count(N)) / N, N = {cg_calls})\n\n" + "\n".join(rows) + "\n")
+            " collection on for N = {cg_calls} calls after compile and warm-up, count / N)\n\n" + "\n".join(rows) + "\n")
 
 
 def run_compile_real(runner: Runner, args) -> dict:
@@ -340,9 +334,13 @@ def table_compile_real(data: dict) -> str:
 
 
 def describe_python(py: str) -> dict:
-    code = ("import json, sys, torch, torch._dynamo; print(json.dumps({'torch': torch.__version__, 'python': "
-            "sys.version.split()[0], 'patch': hasattr(torch._dynamo.config, 'inherit_ambient_fake_mode'), "
-            "'path': torch.__file__}))")
+    # 'newest' is the newest modification time of torch's Python files: it tells which state of a patched tree
+    # was measured.
+    code = ("import glob, json, os, sys, time, torch, torch._dynamo; d = os.path.dirname(torch.__file__); "
+            "m = max(os.path.getmtime(f) for f in glob.glob(d + '/**/*.py', recursive=True)); "
+            "print(json.dumps({'torch': torch.__version__, 'python': sys.version.split()[0], "
+            "'patch': hasattr(torch._dynamo.config, 'inherit_ambient_fake_mode'), 'path': d, "
+            "'newest': time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(m))}))")
     try:
         out = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=120, check=True)
         return json.loads(out.stdout.strip().splitlines()[-1])
@@ -413,7 +411,7 @@ def parse_args(argv):
     if args.calls is None:
         args.calls = 300 if args.quick else 2000
     if args.callgrind_calls is None:
-        args.callgrind_calls = 500 if args.quick else 1000
+        args.callgrind_calls = 1000
     args.fake_repeats = lambda p: args.repeats if p == "tiny" else args.big_repeats
     args.preset_timeout = lambda p: args.timeout if p == "tiny" else args.big_timeout
     return args
@@ -427,7 +425,7 @@ def count_workers(args) -> int:
         elif s == "cache-hit":
             n += args.repeats * len(CACHE_HIT_VARIANTS) * 2
         elif s == "callgrind":
-            n += len(CACHE_HIT_VARIANTS) * 4
+            n += 2
         elif s == "compile-real":
             n += args.repeats * 2
     return n
@@ -487,7 +485,8 @@ def main(argv=None) -> int:
     ]
     for side in ("stock", "patched"):
         i = info[side]
-        desc = (f"torch {i.get('torch')}, Python {i.get('python')}, patch present: {i.get('patch')}"
+        desc = (f"torch {i.get('torch')}, Python {i.get('python')}, patch present: {i.get('patch')}, "
+                f"newest torch .py file modified {i.get('newest')}"
                 if "error" not in i else i["error"])
         header.append(f"- {side}: `{pythons[side]}`: {desc}")
     header.append("- Scenario wall times: " + ", ".join(f"{s} {d:.0f} s" for s, d in durations))

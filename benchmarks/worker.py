@@ -13,6 +13,7 @@ Scenarios:
                 --mode eager (no compile), compile (torch.compile(model), --backend, default inductor), or
                 compile-wrap (compile with torch._inductor.config.wrap_inductor_compiled_regions = True).
   cache-hit     per-call cost of a compiled function on real tensors after warm-up (--variant one|eight|linear).
+  callgrind     the cache-hit variants, each counted in a callgrind window (run under valgrind, see run.py)
   compile-real  first-call compile of the tiny decoder on real tensors, with a fresh inductor cache.
 """
 
@@ -163,6 +164,36 @@ class _nullcontext:
         return False
 
 
+def run_callgrind(args: argparse.Namespace) -> dict:
+    """All cache-hit variants in one process, each counted in its own callgrind window.
+
+    Run under ``valgrind --tool=callgrind --collect-atstart=no``: collection is off during import, compile and
+    warm-up; torch's own valgrind hooks (as torch.utils.benchmark uses them) switch it on for exactly ``--calls``
+    calls of one variant and dump the counts, so dump k (``<out>.k``) holds variant k's calls and nothing else.
+    """
+    torch, info = _import_torch()
+    result = dict(info)
+    if not torch._C._valgrind_supported_platform():
+        result.update(status="skipped", reason="this torch build has no valgrind hooks")
+        return result
+    cases = []
+    for variant in args.variants:
+        fn, inputs = _cache_hit_case(torch, variant)
+        compiled = torch.compile(fn, backend=args.backend)
+        for _ in range(args.warmup):
+            compiled(*inputs)
+        cases.append((compiled, inputs))
+    for compiled, inputs in cases:
+        torch._C._valgrind_toggle()
+        for _ in range(args.calls):
+            compiled(*inputs)
+        torch._C._valgrind_toggle_and_dump_stats()
+    result["variants"] = args.variants
+    result["graphs"] = _graph_count(torch)
+    result["status"] = "ok"
+    return result
+
+
 def run_compile_real(args: argparse.Namespace) -> dict:
     torch, info = _import_torch()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -211,6 +242,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5, help="timed blocks")
     p.add_argument("--no-grad", action="store_true", help="call under torch.no_grad()")
     p.set_defaults(func=run_cache_hit)
+
+    p = sub.add_parser("callgrind", help="cache-hit calls counted in callgrind windows (run under valgrind)")
+    p.add_argument("--variants", nargs="+", default=["one", "eight", "linear"], choices=["one", "eight", "linear"])
+    p.add_argument("--backend", default="eager")
+    p.add_argument("--calls", type=int, default=1000, help="calls counted per variant")
+    p.add_argument("--warmup", type=int, default=200)
+    p.set_defaults(func=run_callgrind)
 
     p = sub.add_parser("compile-real", help="first-call inductor compile of a preset on real tensors")
     p.add_argument("--preset", default="tiny", choices=["tiny"])
