@@ -39,7 +39,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "worker.py")
-ALL_SCENARIOS = ["fake-fwd", "fake-fwdbwd", "cache-hit", "callgrind", "compile-real"]
+ALL_SCENARIOS = ["fake-fwd", "cache-hit", "compile-real", "callgrind", "fake-fwdbwd"]
 ALL_PRESETS = ["tiny", "7B", "70B"]
 CACHE_HIT_VARIANTS = ["one", "eight", "linear"]
 CACHE_HIT_LABELS = {"one": "1 input", "eight": "8 inputs", "linear": "nn.Linear"}
@@ -401,7 +401,7 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.scenarios is None:
-        args.scenarios = ["fake-fwd", "fake-fwdbwd", "cache-hit", "compile-real"] if args.quick else ALL_SCENARIOS
+        args.scenarios = [s for s in ALL_SCENARIOS if s != "callgrind"] if args.quick else ALL_SCENARIOS
     if args.presets is None:
         args.presets = ["tiny"] if args.quick else ALL_PRESETS
     if args.repeats is None:
@@ -429,6 +429,30 @@ def count_workers(args) -> int:
         elif s == "compile-real":
             n += args.repeats * 2
     return n
+
+
+def make_report(args, pythons: dict, info: dict, sections: list[str], durations: list) -> str:
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    header = [
+        "# Benchmark results",
+        "",
+        f"- Date: {now}",
+        f"- Command: `python benchmarks/run.py {shlex.join(args.argv)}`",
+        f"- Machine: {machine()}",
+    ]
+    for side in ("stock", "patched"):
+        i = info[side]
+        desc = (f"torch {i.get('torch')}, Python {i.get('python')}, patch present: {i.get('patch')}, "
+                f"newest torch .py file modified {i.get('newest')}" if "error" not in i else i["error"])
+        header.append(f"- {side}: `{pythons[side]}`: {desc}")
+    header.append("- Scenario wall times: " + ", ".join(f"{s} {d:.0f} s" for s, d in durations))
+    pending = [s for s in args.scenarios if s not in {d[0] for d in durations}]
+    if pending:
+        header.append("- Not finished yet: " + ", ".join(pending))
+    header += ["", "Times are medians over processes [min–max]; 'first' is the first call (compile included), "
+               "'steady' the median of the later calls in that process. Targets are issue 4's, shown as "
+               "information. See benchmarks/README.md for what each column measures.", ""]
+    return "\n".join(header) + "\n" + "\n".join(sections)
 
 
 def main(argv=None) -> int:
@@ -474,35 +498,18 @@ def main(argv=None) -> int:
         raw[scenario] = data
         durations.append((scenario, time.perf_counter() - t0))
         log(f"=== {scenario} took {durations[-1][1]:.0f}s")
-
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    header = [
-        "# Benchmark results",
-        "",
-        f"- Date: {now}",
-        f"- Command: `python benchmarks/run.py {shlex.join(args.argv)}`".replace(" `", " `", 1),
-        f"- Machine: {machine()}",
-    ]
-    for side in ("stock", "patched"):
-        i = info[side]
-        desc = (f"torch {i.get('torch')}, Python {i.get('python')}, patch present: {i.get('patch')}, "
-                f"newest torch .py file modified {i.get('newest')}"
-                if "error" not in i else i["error"])
-        header.append(f"- {side}: `{pythons[side]}`: {desc}")
-    header.append("- Scenario wall times: " + ", ".join(f"{s} {d:.0f} s" for s, d in durations))
-    header += ["", "Times are medians over processes [min–max]; 'first' is the first call (compile included), "
-               "'steady' the median of the later calls in that process. Targets are issue 4's, shown as "
-               "information. See benchmarks/README.md for what each column measures.", ""]
-    report = "\n".join(header) + "\n" + "\n".join(sections)
+        # Written after every scenario, so an interrupted run still leaves the finished tables.
+        report = make_report(args, pythons, info, sections, durations)
+        if args.output != "-":
+            with open(args.output, "w") as f:
+                f.write(report)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"args": args.argv, "info": info, "results": raw}, f, indent=1, default=str)
     print()
     print(report)
     if args.output != "-":
-        with open(args.output, "w") as f:
-            f.write(report)
         log(f"wrote {args.output}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": args.argv, "info": info, "results": raw}, f, indent=1, default=str)
     return 0
 
 
