@@ -304,7 +304,8 @@ def table_callgrind(data: dict) -> str:
     for variant, sides in data.items():
         s, p = sides.get("stock"), sides.get("patched")
         num = lambda v: f"{v:,.0f}" if isinstance(v, float) else str(v)  # noqa: E731
-        ratio = fmt_ratio(p, s) if isinstance(s, float) and isinstance(p, float) else "-"
+        # Counts repeat to ~0.1%, so a third decimal means something here.
+        ratio = f"{p / s:.3f}x" if isinstance(s, float) and isinstance(p, float) and s else "-"
         rows.append(f"| {CACHE_HIT_LABELS[variant]} | {num(s)} | {num(p)} | {ratio} |")
     return ("### Real path, cache hit: instructions per call (valgrind --tool=callgrind, backend {cg_backend},"
             " collection on for N = {cg_calls} calls after compile and warm-up, count / N)\n\n" + "\n".join(rows) + "\n")
@@ -445,6 +446,10 @@ def make_report(args, pythons: dict, info: dict, sections: list[str], durations:
         desc = (f"torch {i.get('torch')}, Python {i.get('python')}, patch present: {i.get('patch')}, "
                 f"newest torch .py file modified {i.get('newest')}" if "error" not in i else i["error"])
         header.append(f"- {side}: `{pythons[side]}`: {desc}")
+    after = info["patched"].get("newest_after", {})
+    if any(v != info["patched"].get("newest") for v in after.values()):
+        header.append("- The patched tree changed during the run; newest torch .py file after each scenario: "
+                      + ", ".join(f"{s} {v}" for s, v in after.items()))
     header.append("- Scenario wall times: " + ", ".join(f"{s} {d:.0f} s" for s, d in durations))
     pending = [s for s in args.scenarios if s not in {d[0] for d in durations}]
     if pending:
@@ -496,6 +501,8 @@ def main(argv=None) -> int:
             data = run_compile_real(runner, args)
             sections.append(table_compile_real(data).format(**fmt))
         raw[scenario] = data
+        # A patched tree under development may change during a run: note its state after every scenario.
+        info["patched"].setdefault("newest_after", {})[scenario] = describe_python(pythons["patched"]).get("newest")
         durations.append((scenario, time.perf_counter() - t0))
         log(f"=== {scenario} took {durations[-1][1]:.0f}s")
         # Written after every scenario, so an interrupted run still leaves the finished tables.
