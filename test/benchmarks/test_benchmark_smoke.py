@@ -59,6 +59,15 @@ def test_cache_hit():
     assert result["graphs"] == 1
 
 
+@needs_torch
+def test_callgrind_worker_outside_valgrind():
+    # The valgrind hooks are no-ops outside valgrind; this checks the worker's plumbing, not the counts.
+    result = run_worker("callgrind", "--calls", "3", "--warmup", "1")
+    check_common(result)
+    assert result["variants"] == ["one", "eight", "linear"]
+    assert result["graphs"] == 3
+
+
 def test_runner_help():
     proc = subprocess.run([sys.executable, RUNNER, "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
