@@ -29,46 +29,40 @@ def _patches(p: argparse.ArgumentParser) -> None:
                    "else the repository's patches/)")
 
 
-def _add_status(sub) -> None:
-    p = sub.add_parser("status", help="show the installed torch and its patch state",
-                       description="Show torch version, git_version, path, the matching series "
-                       "and, per touched file, pristine / patched / unknown.")
+def _install_command(sub, name: str, help: str, description: str, module: str, function: str) -> None:
+    """status / apply / revert: one installed torch (--python or --site-packages), one series."""
+    p = sub.add_parser(name, help=help, description=description)
     _target(p)
     _patches(p)
 
     def run(a):
-        from .status import status_report
-        print(status_report(python=a.python, site_packages=a.site_packages, patches_dir=a.patches_dir))
+        import importlib
+
+        fn = getattr(importlib.import_module(f".{module}", __package__), function)
+        print(fn(python=a.python, site_packages=a.site_packages, patches_dir=a.patches_dir))
 
     p.set_defaults(func=run)
+
+
+def _add_status(sub) -> None:
+    _install_command(sub, "status", "show the installed torch and its patch state",
+                     "Show torch version, git_version, path, the matching series "
+                     "and, per touched file, pristine / patched / unknown.",
+                     "status", "status_report")
 
 
 def _add_apply(sub) -> None:
-    p = sub.add_parser("apply", help="patch the installed torch (atomic, idempotent)",
-                       description="Apply the series matching the installed torch; patches under "
-                       "test/ are skipped. Checks everything first; on failure nothing changes.")
-    _target(p)
-    _patches(p)
-
-    def run(a):
-        from .apply import apply_to_install
-        print(apply_to_install(python=a.python, site_packages=a.site_packages, patches_dir=a.patches_dir))
-
-    p.set_defaults(func=run)
+    _install_command(sub, "apply", "patch the installed torch (atomic, idempotent)",
+                     "Apply the series matching the installed torch; patches under "
+                     "test/ are skipped. Checks everything first; on failure nothing changes.",
+                     "apply", "apply_to_install")
 
 
 def _add_revert(sub) -> None:
-    p = sub.add_parser("revert", help="restore the byte-identical original torch files",
-                       description="Undo `apply`: restore originals (hash-checked), remove the "
-                       "state file and backups, restore RECORD.")
-    _target(p)
-    _patches(p)
-
-    def run(a):
-        from .apply import revert_install
-        print(revert_install(python=a.python, site_packages=a.site_packages, patches_dir=a.patches_dir))
-
-    p.set_defaults(func=run)
+    _install_command(sub, "revert", "restore the byte-identical original torch files",
+                     "Undo `apply`: restore originals (hash-checked), remove the "
+                     "state file and backups, restore RECORD.",
+                     "apply", "revert_install")
 
 
 def _add_wheel(sub) -> None:
