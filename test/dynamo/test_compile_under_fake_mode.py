@@ -6,6 +6,10 @@ See Note [Inheriting the ambient FakeTensorMode] in torch/_dynamo/output_graph.p
 """
 
 import contextlib
+import functools
+import gc
+import threading
+import weakref
 from unittest import mock
 
 import torch
@@ -24,10 +28,17 @@ from torch._subclasses.fake_tensor import (
     FakeTensor,
     FakeTensorMode,
 )
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, StatelessSymbolicContext
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
+)
+from torch.utils._debug_mode import DebugMode
+from torch.utils.checkpoint import (
+    checkpoint,
+    CheckpointPolicy,
+    create_selective_checkpoint_contexts,
 )
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -49,6 +60,29 @@ def meta_of(t):
 
 def frames_compiled():
     return counters["stats"]["unique_graphs"]
+
+
+def regions_compiled():
+    return counters["fake_mode"]["regions_compiled"]
+
+
+def region_cache_keys():
+    # Dispatch-cache keys of fake_mode_region calls: they hold the region's
+    # graph module type and id.
+    return [
+        key
+        for key in FakeTensorMode.cache
+        if any(
+            isinstance(v, type) and issubclass(v, torch.fx.GraphModule)
+            for v in key.key
+        )
+    ]
+
+
+def rotary(x, freqs):
+    # Rotary embedding in complex numbers, as Llama implementations write it.
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * freqs).flatten(-2).type_as(x)
 
 
 
@@ -81,6 +115,8 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
 
     def tearDown(self):
         self._stack.close()
+        # A region that fails to compile is logged, never silent.
+        self.assertEqual(counters["fake_mode"]["regions_failed"], 0)
         super().tearDown()
 
     def assertOwnedLikeEager(self, out, ref, mode):
@@ -233,7 +269,9 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
         mode = FakeTensorMode()
         with mode:
             x = torch.randn(4, 3, requires_grad=requires_grad)
-            fn(x)
+            for _ in range(torch._dynamo.config.fake_mode_region_after_calls + 1):
+                fn(x)
+            self.assertEqual(regions_compiled(), 1)
             before = FakeTensorMode.cache_info()
             out = fn(x)
             after = FakeTensorMode.cache_info()
@@ -573,8 +611,374 @@ class GraphModule(torch.nn.Module):
             ["placeholder", "call_function", "call_function", "output"],
         )
 
+    # 12. Tiering: the first calls run op by op, a hot entry gets regions.
+    @parametrize("backend", BACKENDS)
+    def test_first_calls_op_by_op_then_regions(self, backend):
+        def fn(x):
+            return x.sin().cos().exp().sum(0)
+
+        after = 2
+        compiled = torch.compile(fn, backend=backend)
+        mode = FakeTensorMode()
+        with mode:
+            x = torch.randn(4, 3)
+        ops = []
+        dispatch = mode._cached_dispatch_impl
+
+        def recording_dispatch(func, *args, **kwargs):
+            ops[-1].append(func.name())
+            return dispatch(func, *args, **kwargs)
+
+        with torch._dynamo.config.patch(fake_mode_region_after_calls=after), mode:
+            with mock.patch.object(mode, "_cached_dispatch_impl", recording_dispatch):
+                for _ in range(after + 2):
+                    ops.append([])
+                    out = compiled(x)
+            self.assertOwnedLikeEager(out, fn(x), mode)
+        eager = ["aten::sin", "aten::cos", "aten::exp", "aten::sum.dim_IntList"]
+        # Op by op, as eager; then the regions are compiled, and the first
+        # run of the region runs its ops; from then on one op per call.
+        self.assertEqual(ops[:after], [eager] * after)
+        self.assertEqual(ops[after], ["fake_mode_region", *eager])
+        self.assertEqual(ops[after + 1], ["fake_mode_region"])
+        self.assertEqual(regions_compiled(), 1)
+        self.assertEqual(frames_compiled(), 1)
+
+    def test_regions_of_symbolic_graphs_are_not_compiled(self):
+        fn = torch.compile(lambda x: x * 2, backend="eager", dynamic=True)
+        with torch._dynamo.config.patch(fake_mode_region_after_calls=0):
+            for n in (3, 4, 5):
+                with FakeTensorMode():
+                    fn(torch.randn(n))
+        self.assertEqual(regions_compiled(), 0)
+
+    def test_region_failure_is_logged_and_calls_still_work(self):
+        def failing_aot_autograd(**kwargs):
+            raise RuntimeError("boom")
+
+        mode = FakeTensorMode()
+        fn = torch.compile(lambda x: x.sin() + 1, backend="eager")
+        with torch._dynamo.config.patch(fake_mode_region_after_calls=0), mock.patch(
+            "torch._dynamo.backends.common.aot_autograd", failing_aot_autograd
+        ):
+            with self.assertLogs("torch._dynamo.output_graph", "WARNING") as logs:
+                with mode:
+                    x = torch.randn(3)
+                    for _ in range(3):
+                        self.assertOwnedLikeEager(fn(x), x.sin() + 1, mode)
+        self.assertIn("boom", "\n".join(logs.output))
+        self.assertEqual(len(logs.records), 1)
+        self.assertEqual(counters["fake_mode"]["regions_failed"], 1)
+        counters["fake_mode"]["regions_failed"] = 0
+
+    # 13. Tracers own their FakeTensorModes: nothing changes for them.
+    def _export_both_ways(self, make_module, args):
+        graphs = []
+        for inherit in (True, False):
+            torch._dynamo.reset()
+            with torch._dynamo.config.patch(inherit_ambient_fake_mode=inherit):
+                ep = torch.export.export(make_module(), args, strict=False)
+            graphs.append(ep)
+        return graphs
+
+    def assertNoRegion(self, gm):
+        for node in gm.graph.nodes:
+            self.assertNotIn("fake_mode_region", str(node.target))
+            self.assertNotIn("inductor_compiled_code", str(node.target))
+
+    @parametrize("hop", ["cond", "while_loop", "nested_compile_region"])
+    def test_nonstrict_export_of_control_flow_is_unchanged(self, hop):
+        @torch.compiler.nested_compile_region
+        def region(x):
+            return x.sin() + 1
+
+        class M(torch.nn.Module):
+            def forward(self, x):
+                if hop == "cond":
+                    return torch.cond(
+                        x.sum() > 0, lambda x: x.sin(), lambda x: x.cos(), (x,)
+                    )
+                if hop == "while_loop":
+                    return torch._higher_order_ops.while_loop(
+                        lambda i, x: i < 3, lambda i, x: (i + 1, x * 2), (0, x)
+                    )[1]
+                return region(x) * 2
+
+        x = torch.randn(4)
+        ep, ep_off = self._export_both_ways(M, (x,))
+        self.assertNoRegion(ep.graph_module)
+        self.assertEqual(
+            normalize_gm(ep.graph_module.print_readable(False)),
+            normalize_gm(ep_off.graph_module.print_readable(False)),
+        )
+        if hop != "nested_compile_region":
+            targets = {n.target for n in ep.graph.nodes}
+            self.assertIn(getattr(torch.ops.higher_order, hop), targets)
+        # The exported program does not depend on anything Dynamo cached.
+        torch._dynamo.reset()
+        self.assertEqual(ep.module()(x), M()(x))
+        self.assertNoRegion(ep.run_decompositions().graph_module)
+
+    def test_make_fx_through_compiled_function_is_unchanged(self):
+        fn = torch.compile(lambda x: x.sin() + 1, backend="eager")
+        graphs = []
+        for inherit in (True, False):
+            torch._dynamo.reset()
+            with torch._dynamo.config.patch(
+                inherit_ambient_fake_mode=inherit, force_compile_during_fx_trace=True
+            ):
+                gm = make_fx(fn, tracing_mode="fake")(torch.randn(3))
+            graphs.append(normalize_gm(gm.print_readable(False)))
+        self.assertEqual(graphs[0], graphs[1])
+        self.assertIn("aten.sin", graphs[0])
+
+    # 14. Complex tensors, conjugate views, and a real model's forward+backward.
+    @parametrize("backend", BACKENDS)
+    def test_complex_rotary_forward_backward(self, backend):
+        mode = FakeTensorMode()
+        compiled = torch.compile(rotary, backend=backend)
+        with mode:
+            x = torch.randn(2, 8, 4, 16, requires_grad=True)
+            freqs = torch.polar(torch.ones(8, 1, 8), torch.randn(8, 1, 8))
+            ref = rotary(x, freqs)
+            ref.sum().backward()
+            ref_grad, x.grad = x.grad, None
+            for _ in range(torch._dynamo.config.fake_mode_region_after_calls + 2):
+                out = compiled(x, freqs)
+                out.sum().backward()
+                self.assertOwnedLikeEager(out, ref, mode)
+                self.assertOwnedLikeEager(x.grad, ref_grad, mode)
+                x.grad = None
+
+    @parametrize("backend", BACKENDS)
+    def test_conjugate_view_inputs(self, backend):
+        def fn(a, b):
+            return a * b + a.abs()
+
+        mode = FakeTensorMode()
+        compiled = torch.compile(fn, backend=backend)
+        with mode:
+            a = torch.randn(3, dtype=torch.complex64).conj()
+            b = torch.randn(3, dtype=torch.complex64)
+            self.assertTrue(a.is_conj())
+            for _ in range(torch._dynamo.config.fake_mode_region_after_calls + 2):
+                self.assertOwnedLikeEager(compiled(a, b), fn(a, b), mode)
+
+    @parametrize("backend", BACKENDS)
+    def test_transformer_encoder_forward_backward(self, backend):
+        # Built on meta and materialized under the mode, as torchtitan does.
+        with torch.device("meta"):
+            enc = torch.nn.TransformerEncoder(
+                torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), 2
+            )
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self._stack.enter_context(
+            # Its forward asks for data pointers to pick a fast path.
+            torch._functorch.config.patch(fake_tensor_allow_unsafe_data_ptr_access=True)
+        )
+        with mode:
+            enc.to_empty(device="cpu")
+            x = torch.randn(2, 5, 32)
+            ref = enc(x)
+            ref.sum().backward()
+            ref_grads = [p.grad for p in enc.parameters()]
+            compiled = torch.compile(enc, backend=backend)
+            for _ in range(torch._dynamo.config.fake_mode_region_after_calls + 2):
+                enc.zero_grad(set_to_none=True)
+                out = compiled(x)
+                out.sum().backward()
+                self.assertOwnedLikeEager(out, ref, mode)
+                self.assertOwnedLikeEager(
+                    [p.grad for p in enc.parameters()], ref_grads, mode
+                )
+
+    @parametrize("backend", BACKENDS)
+    def test_transformer_encoder_built_under_mode_raises_like_eager(self, backend):
+        # Its layers are deepcopied, which gives their parameters a fake mode of
+        # their own: eager raises, and the compiled call raises the same.
+        self._stack.enter_context(
+            # Its forward asks for data pointers to pick a fast path.
+            torch._functorch.config.patch(fake_tensor_allow_unsafe_data_ptr_access=True)
+        )
+        with FakeTensorMode():
+            enc = torch.nn.TransformerEncoder(
+                torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), 2
+            )
+            x = torch.randn(2, 5, 32)
+            with self.assertRaisesRegex(AssertionError, "Mixing fake modes") as eager:
+                enc(x)
+            with self.assertRaisesRegex(AssertionError, "Mixing fake modes") as compiled:
+                torch.compile(enc, backend=backend)(x)
+        self.assertEqual(str(compiled.exception), str(eager.exception))
+
+    # 15. Guards.
+    def test_fake_tensor_mode_guard_is_classified_for_precompile(self):
+        from torch._dynamo import precompile_package
+
+        classified = [
+            name
+            for name in dir(precompile_package)
+            if name.endswith("_GUARD_TYPES") and "FAKE_TENSOR_MODE" in getattr(
+                precompile_package, name
+            )
+        ]
+        self.assertEqual(classified, ["_UNMODELLED_GUARD_TYPES"])
+
+    @parametrize("backend", BACKENDS)
+    def test_skip_all_guards_unsafe_never_serves_fake_calls_real_code(self, backend):
+        fn = torch.compile(
+            lambda x: x * 2 + 1,
+            backend=backend,
+            options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe},
+        )
+        real = torch.randn(4)
+        self.assertEqual(fn(real), real * 2 + 1)
+        mode = FakeTensorMode()
+        with mode:
+            fake = torch.randn(4)
+            self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
+        # And the real entry still serves real calls.
+        self.assertEqual(fn(real), real * 2 + 1)
+        self.assertEqual(frames_compiled(), 2)
+
+    # 16. Dispatch modes that see eager's ops, and that compile (DebugMode,
+    # selective activation checkpointing's caching modes).
+    @parametrize("backend", BACKENDS)
+    def test_debug_mode_sees_eager_ops(self, backend):
+        def fn(x):
+            return (x.sin() * 2).relu().sum()
+
+        compiled = torch.compile(fn, backend=backend)
+        with FakeTensorMode():
+            x = torch.randn(4, 3)
+            with DebugMode() as eager:
+                fn(x)
+            for _ in range(torch._dynamo.config.fake_mode_region_after_calls + 1):
+                compiled(x)
+            with DebugMode() as debug_mode:
+                compiled(x)
+        self.assertEqual(debug_mode.debug_string(), eager.debug_string())
+
+    @parametrize("backend", BACKENDS)
+    def test_selective_checkpoint_policy_sees_eager_ops(self, backend):
+        def fn(x):
+            return (x.sin() * 2).relu()
+
+        def ops_seen_by_policy(fn, mode):
+            seen = []
+
+            def policy(ctx, op, *args, **kwargs):
+                seen.append(str(op))
+                return CheckpointPolicy.PREFER_RECOMPUTE
+
+            context_fn = functools.partial(create_selective_checkpoint_contexts, policy)
+            with mode:
+                x = torch.randn(4, 3, requires_grad=True)
+                out = checkpoint(fn, x, use_reentrant=False, context_fn=context_fn)
+                out.sum().backward()
+            self.assertIs(x.grad.fake_mode, mode)
+            return seen
+
+        mode = FakeTensorMode()
+        eager = ops_seen_by_policy(fn, mode)
+        compiled = torch.compile(fn, backend=backend)
+        for _ in range(torch._dynamo.config.fake_mode_region_after_calls + 2):
+            self.assertEqual(ops_seen_by_policy(compiled, mode), eager)
+
+    # 17. Backends that rewrite the graph they are given in place.
+    def test_backend_rewriting_its_graph_in_place_does_not_change_fake_calls(self):
+        def rewriting_backend(gm, example_inputs):
+            for node in gm.graph.find_nodes(op="call_function", target=torch.sin):
+                node.target = torch.sum
+            gm.recompile()
+            return gm.forward
+
+        self.check_like_eager(
+            lambda x: torch.sin(x) + 1, lambda: (torch.randn(4, 3),), rewriting_backend
+        )
+
+    # 18. Memory: regions go with the compiled function.
+    def test_region_cache_entries_go_with_the_compiled_function(self):
+        with torch._dynamo.config.patch(fake_mode_region_after_calls=0):
+            fn = torch.compile(lambda x: x.sin().cos(), backend="inductor")
+            with FakeTensorMode():
+                x = torch.randn(5, 2)
+                fn(x)
+                fn(x)
+        self.assertEqual(regions_compiled(), 1)
+        self.assertGreater(len(region_cache_keys()), 0)
+        del fn
+        torch._dynamo.reset()
+        gc.collect()
+        self.assertEqual(region_cache_keys(), [])
+
+    # 19. The captured mode belongs to the thread that compiles.
+    def test_ambient_fake_mode_is_per_thread(self):
+        # Thread A compiles under a fake mode and waits inside its backend;
+        # meanwhile thread B compiles a function for real calls through
+        # aot_compile, which does not take the compile lock: Inductor must
+        # generate its code.
+        in_backend, release = threading.Event(), threading.Event()
+
+        def waiting_backend(gm, example_inputs):
+            in_backend.set()
+            release.wait(timeout=60)
+            return gm.forward
+
+        def compile_under_fake_mode():
+            with FakeTensorMode():
+                torch.compile(lambda x: x + 1, backend=waiting_backend)(torch.randn(2))
+
+        thread = threading.Thread(target=compile_under_fake_mode)
+        thread.start()
+        try:
+            self.assertTrue(in_backend.wait(timeout=60))
+
+            def g(x):
+                return x * 3
+
+            x = torch.randn(2)
+            aot = torch.compile(g, backend="inductor", fullgraph=True).aot_compile(
+                ((x,), {})
+            )
+            self.assertEqual(aot(x), x * 3)
+        finally:
+            release.set()
+            thread.join()
+        self.assertEqual(self.inductor_compiles, 1)
+
+    # 20. State that a compiled call creates while it is traced (an
+    # optimizer's) is owned by the user's mode, as in eager.
+    @parametrize("backend", BACKENDS)
+    def test_optimizer_state_created_by_compiled_step(self, backend):
+        mode = FakeTensorMode()
+        with mode:
+            model = torch.nn.Linear(4, 4)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            model(torch.randn(2, 4)).sum().backward()
+            torch.compile(opt.step, backend=backend)()
+            for state in opt.state.values():
+                self.assertEqual(set(state), {"step", "exp_avg", "exp_avg_sq"})
+                for value in state.values():
+                    self.assertIsInstance(value, FakeTensor)
+                    self.assertIs(value.fake_mode, mode)
+            # The next steps use that state, eagerly and compiled.
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            torch.compile(opt.step, backend=backend)()
+
 
 instantiate_parametrized_tests(CompileUnderFakeModeTests)
+
+
+class CompileUnderFakeModeRegionTests(CompileUnderFakeModeTests):
+    """The same contract when the first call already runs the regions."""
+
+    def setUp(self):
+        super().setUp()
+        self._stack.enter_context(
+            torch._dynamo.config.patch(fake_mode_region_after_calls=0)
+        )
 
 
 if __name__ == "__main__":

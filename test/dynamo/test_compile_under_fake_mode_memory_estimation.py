@@ -1,0 +1,255 @@
+# Owner(s): ["module: dynamo"]
+"""
+torchtitan's memory estimator (scripts/estimate/estimation.py in
+pytorch/torchtitan) with compile on: a fake process group, a Llama built on
+meta and materialized under FakeTensorMode, FSDP2 per block, per-block
+torch.compile(fullgraph=True), and two train steps under FSDPMemTracker. The
+estimate with compile on must equal the one with compile off.
+See Note [Inheriting the ambient FakeTensorMode] in torch/_dynamo/output_graph.py
+"""
+
+import unittest
+
+import torch
+import torch._dynamo.test_case
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+)
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils.flop_counter import FlopCounterMode
+
+
+BACKENDS = ["eager", "aot_eager", "inductor"]
+WORLD_SIZE = 8
+
+
+def precompute_freqs_cis(dim, end, theta=10000.0):
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim))
+    angles = torch.outer(torch.arange(end, dtype=torch.float32), freqs)
+    return torch.polar(torch.ones_like(angles), angles)
+
+
+def apply_rotary_emb(xq, xk, freqs_cis):
+    # Complex rotary embedding, as torchtitan's Llama computes it.
+    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+    xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+    freqs_cis = freqs_cis.view(1, xq_.shape[1], 1, xq_.shape[-1])
+    xq_out = torch.view_as_real(xq_ * freqs_cis).flatten(3)
+    xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3)
+    return xq_out.type_as(xq), xk_out.type_as(xk)
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, dim, n_heads):
+        super().__init__()
+        self.n_heads = n_heads
+        self.attention_norm = nn.RMSNorm(dim)
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.wk = nn.Linear(dim, dim, bias=False)
+        self.wv = nn.Linear(dim, dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+        self.ffn_norm = nn.RMSNorm(dim)
+        self.w1 = nn.Linear(dim, 4 * dim, bias=False)
+        self.w2 = nn.Linear(4 * dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, 4 * dim, bias=False)
+
+    def forward(self, x, freqs_cis):
+        bs, seqlen, dim = x.shape
+        h = self.attention_norm(x)
+        xq, xk, xv = (
+            w(h).view(bs, seqlen, self.n_heads, -1) for w in (self.wq, self.wk, self.wv)
+        )
+        xq, xk = apply_rotary_emb(xq, xk, freqs_cis)
+        out = F.scaled_dot_product_attention(
+            xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), is_causal=True
+        )
+        x = x + self.wo(out.transpose(1, 2).reshape(bs, seqlen, dim))
+        h = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, vocab_size=256, dim=64, n_heads=4, n_layers=2, max_seq_len=16):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocab_size, dim)
+        self.layers = nn.ModuleDict(
+            {str(i): TransformerBlock(dim, n_heads) for i in range(n_layers)}
+        )
+        self.norm = nn.RMSNorm(dim)
+        self.output = nn.Linear(dim, vocab_size, bias=False)
+        self.register_buffer(
+            "freqs_cis",
+            precompute_freqs_cis(dim // n_heads, max_seq_len),
+            persistent=False,
+        )
+
+    def forward(self, tokens):
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers.values():
+            h = layer(h, self.freqs_cis)
+        return self.output(self.norm(h))
+
+
+def apply_compile(model, backend):
+    # As torchtitan's parallelize: each block compiled whole.
+    for layer_id, block in model.layers.named_children():
+        model.layers.register_module(
+            layer_id, torch.compile(block, backend=backend, fullgraph=True)
+        )
+
+
+def apply_fsdp(model, mesh):
+    for block in model.layers.values():
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def estimate_memory(backend=None, *, build_model=Transformer, compile_fn=apply_compile):
+    """
+    The estimator's flow, unchanged but for compile: returns the tracker's
+    peak per category and each module's local peak, after two train steps.
+    """
+    mesh = init_device_mesh("cpu", (WORLD_SIZE,))
+    with FakeTensorMode():
+        with torch.device("meta"):
+            model = build_model()
+        if backend is not None:
+            compile_fn(model, backend)
+        apply_fsdp(model, mesh)
+        model.to_empty(device="cpu")
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+        inputs = torch.randint(0, 256, (2, 16))
+        labels = torch.randint(0, 256, (2, 16))
+        tracker = FSDPMemTracker(mod=model, optm=optimizer)
+        tracker.track_inputs((inputs, labels))
+        with tracker:
+            for step in range(2):
+                pred = model(inputs)
+                loss = F.cross_entropy(pred.flatten(0, 1), labels.flatten(0, 1))
+                del pred
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+                optimizer.step()
+                optimizer.zero_grad()
+                if step == 0:
+                    tracker.reset_mod_stats()
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, DTensor):
+                    value = value.to_local()
+                assert isinstance(value, FakeTensor), type(value)
+        peak = {
+            str(device): {str(kind): nbytes for kind, nbytes in per_kind.items()}
+            for device, per_kind in tracker.get_tracker_snapshot("peak").items()
+        }
+        module_peaks = {
+            stats.mod_fqn.replace("._orig_mod", ""): {
+                str(device): nbytes for device, nbytes in stats.local_peak.items()
+            }
+            for stats in tracker.memory_tracking.values()
+        }
+    return peak, module_peaks
+
+
+class MemoryEstimationWithCompileTests(torch._dynamo.test_case.TestCase):
+    def setUp(self):
+        super().setUp()
+        dist.init_process_group(
+            "fake", rank=0, world_size=WORLD_SIZE, store=FakeStore()
+        )
+
+    def tearDown(self):
+        dist.destroy_process_group()
+        super().tearDown()
+
+    @parametrize("backend", BACKENDS)
+    def test_estimate_with_compile_equals_compile_off(self, backend):
+        # The first estimate in a process differs from later ones, compile or
+        # not (one-time state): compare two later ones.
+        estimate_memory()
+        peak_off, module_peaks_off = estimate_memory()
+        cnt = CompileCounterWithBackend(backend)
+        peak_on, module_peaks_on = estimate_memory(cnt)
+        # Both blocks ran the graph Dynamo captured whole (one code object,
+        # so one frame): nothing fell back to eager.
+        self.assertEqual(cnt.frame_count, 1)
+        self.assertGreater(cnt.op_count, 0)
+        self.assertEqual(peak_on, peak_off)
+        total = peak_on["cpu"]
+        for kind in ("SHARDED_PARAM", "BUFFER", "OPT"):
+            self.assertGreater(total[f"_FSDPRefType.{kind}"], 0, kind)
+        # The tracker saw the compiled blocks run. (Their own peaks are lower:
+        # the graph frees each temporary at its last use, where eager keeps
+        # the forward's locals to its end; modules inside a compiled block
+        # run no hooks, as for real tensors.)
+        for block in ("FSDPTransformer.layers.0", "FSDPTransformer.layers.1"):
+            self.assertIn(block, module_peaks_on)
+            self.assertLessEqual(
+                module_peaks_on[block]["cpu"], module_peaks_off[block]["cpu"]
+            )
+
+    def test_fullgraph_under_a_tracker_mode_sees_eager_ops(self):
+        # Dynamo skips frames while a non-infra dispatch mode is active; under
+        # a user's FakeTensorMode it compiles them, and the mode still sees
+        # eager's ops.
+        def fn(a, b):
+            return (a @ b).relu().sum()
+
+        cnt = CompileCounterWithBackend("inductor")
+        with FakeTensorMode():
+            a, b = torch.randn(8, 16), torch.randn(16, 4)
+            with FlopCounterMode(display=False) as eager:
+                fn(a, b)
+            with FlopCounterMode(display=False) as compiled:
+                torch.compile(fn, backend=cnt, fullgraph=True)(a, b)
+        self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual(
+            compiled.get_flop_counts()["Global"], eager.get_flop_counts()["Global"]
+        )
+
+    def test_tracker_without_fake_mode_still_skips(self):
+        # Stock behaviour without a user FakeTensorMode: the frame is skipped.
+        cnt = CompileCounterWithBackend("eager")
+        with FlopCounterMode(display=False):
+            torch.compile(lambda x: x + 1, backend=cnt)(torch.randn(3))
+        self.assertEqual(cnt.frame_count, 0)
+
+    @unittest.skipIf(
+        __import__("importlib").util.find_spec("torchtitan") is None,
+        "torchtitan is not installed (pip install torchtitan)",
+    )
+    @parametrize("backend", BACKENDS)
+    def test_torchtitan_llama3_estimate_with_compile(self, backend):
+        try:
+            from torchtitan.models.llama3.model.args import TransformerModelArgs
+            from torchtitan.models.llama3.model.model import Transformer as Llama3
+        except ImportError as e:
+            self.skipTest(f"torchtitan's llama3 model does not import here: {e}")
+
+        args = TransformerModelArgs(
+            dim=64, n_layers=2, n_heads=4, vocab_size=256, max_seq_len=16
+        )
+        estimate_memory(build_model=lambda: Llama3(args))
+        peak_off, _ = estimate_memory(build_model=lambda: Llama3(args))
+        peak_on, _ = estimate_memory(backend, build_model=lambda: Llama3(args))
+        self.assertEqual(peak_on, peak_off)
+
+
+instantiate_parametrized_tests(MemoryEstimationWithCompileTests)
+
+
+if __name__ == "__main__":
+    from torch._dynamo.test_case import run_tests
+
+    run_tests()
