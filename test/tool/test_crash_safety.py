@@ -216,3 +216,28 @@ def test_disk_full_at_every_step(install, op):
             install.revert()
             assert tree_digest(install.sp) == install.pristine
     assert n - 1 == {"apply": 20, "revert": 13}[op]  # the last step (unlock) cannot fail
+
+
+def _kill_at(install: Install, op: str, step: str) -> None:
+    steps = install.steps(op)
+    n = next(i for i, s in enumerate(steps, 1) if s.split(" ", 1)[1].startswith(step))
+    assert tfo(op, *install.args, env={"TFO_FAULT_AT": str(n)}).returncode == KILLED
+
+
+def test_apply_killed_after_the_last_replace_before_the_state_file(install):
+    _kill_at(install, "apply", f"write {install.sp}/torch/._fork_overlay_state.json")
+    report = install.status()
+    assert "journal:       interrupted apply: " in report
+    assert report.endswith("files:\n  patched   torch/_dynamo/config.py\n  patched   torch/_guards.py")
+    assert install.apply().startswith("rolled back the interrupted apply, then: applied 2 patch(es)")
+    assert tree_digest(install.sp) == install.applied
+
+
+def test_revert_after_an_interrupted_revert(install):
+    install.reset("applied")
+    _kill_at(install, "revert", f"unlink {install.sp}/torch/_fork_overlay_state.json")
+    assert "journal:       interrupted revert: " in install.status()
+    assert install.revert() == (f"rolled back the interrupted revert: torch 2.15.0+cu132 at "
+                                f"{install.sp / 'torch'} is pristine (2 file(s) hash-checked)")
+    assert tree_digest(install.sp) == install.pristine  # RECORD byte-identical, no temp file
+    assert "nothing to revert" in install.revert()

@@ -152,3 +152,16 @@ def test_sigterm_mid_apply_rolls_back(install):
     assert f"interrupted: rolled back, torch at {install.sp / 'torch'} is unchanged" in out
     assert err.startswith("error: interrupted by SIGTERM\n")
     assert tree_digest(install.sp) == install.pristine
+
+
+def test_sigterm_mid_revert_is_finished_by_the_next_revert(install):
+    install.reset("applied")
+    first = start_stopped(install, "revert", f"replace {install.sp}/torch/_guards.py")
+    first.send_signal(signal.SIGTERM)
+    first.send_signal(signal.SIGCONT)
+    rc, out, err = finish(first)
+    assert rc == 128 + signal.SIGTERM, err
+    assert "journal:       interrupted revert: " in install.status()
+    cp = tfo("revert", *install.args)
+    assert cp.returncode == 0, cp.stderr
+    assert tree_digest(install.sp) == install.pristine
