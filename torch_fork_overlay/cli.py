@@ -50,7 +50,8 @@ def _install_command(sub, name: str, help: str, description: str, module: str, f
 
 def _add_status(sub) -> None:
     _install_command(sub, "status", "show the installed torch and its patch state",
-                     "Show torch version, git_version, path, the matching series "
+                     "Show torch version, git_version, path, the matching series, "
+                     "an apply / revert in progress or interrupted (and how to finish it) "
                      "and, per touched file, pristine / patched / unknown.",
                      "status", "status_report")
 
@@ -58,14 +59,17 @@ def _add_status(sub) -> None:
 def _add_apply(sub) -> None:
     _install_command(sub, "apply", "patch the installed torch (atomic, idempotent)",
                      "Apply the series matching the installed torch; patches under "
-                     "test/ are skipped. Checks everything first; on failure nothing changes.",
+                     "test/ are skipped. Checks everything first; on failure nothing changes. "
+                     "An interrupted apply or revert is rolled back first. One run per install "
+                     "at a time ($TORCH_FORK_OVERLAY_LOCK_TIMEOUT: seconds to wait, default 60).",
                      "apply", "apply_to_install")
 
 
 def _add_revert(sub) -> None:
     _install_command(sub, "revert", "restore the byte-identical original torch files",
                      "Undo `apply`: restore originals (hash-checked), remove the "
-                     "state file and backups, restore RECORD.",
+                     "state file and backups, restore RECORD. Also rolls back an interrupted "
+                     "apply or revert to pristine.",
                      "apply", "revert_install")
 
 
