@@ -249,7 +249,7 @@ def _apply_locked(inst: TorchInstall, series: Series, *, out: Printer) -> str:
         return f"already applied: {_describe(inst)} matches the v{series.version} series; nothing to do"
     bad = {r: s for r, s in states.items() if s != st.PRISTINE}
     if bad:
-        raise _not_pristine(inst, series, bad, data)
+        raise _not_pristine(inst, series, bad, data, state=state)
     check_writable(_targets(inst, files), what=_describe(inst))
 
     try:
@@ -334,7 +334,7 @@ def _patched_without_state(inst: TorchInstall, series: Series, data: dict[str, b
 
 
 def _not_pristine(inst: TorchInstall, series: Series, bad: dict[str, str],
-                  data: dict[str, bytes | None]) -> OverlayError:
+                  data: dict[str, bytes | None], *, state: dict | None) -> OverlayError:
     sp = inst.site_packages
     text = jn.read_record_text(inst)
     lines = st.record_lines_for(text, sorted(bad)) if text is not None else {}
@@ -351,6 +351,16 @@ def _not_pristine(inst: TorchInstall, series: Series, bad: dict[str, str],
             f"(git {inst.git_version}): it is wrong, or the series was made from another build",
             next="rewrite the manifest from this install and review the diff: python -m "
             f"torch_fork_overlay refresh --manifest-only --version {series.version} --pristine {sp}",
+        )
+    if state is not None and all(s == st.PATCHED for s in bad.values()):
+        return OverlayError(
+            f"cannot apply the v{series.version} series to {_describe(inst)}: "
+            + ", ".join(f"{sp / r}" for r in sorted(bad))
+            + f" already {'has' if len(bad) == 1 else 'have'} the patched content but the other files "
+            f"are pristine, and {st.state_path(inst.torch_dir)} records an earlier apply; nothing was changed",
+            cause="an earlier apply (maybe of another version of the series) was partly undone by hand",
+            next=f"undo it from its backups, then apply: python -m torch_fork_overlay revert "
+            f"{_target_args(inst)} && python -m torch_fork_overlay apply {_target_args(inst)}",
         )
     return OverlayError(
         f"cannot apply the v{series.version} series to {_describe(inst)}: "

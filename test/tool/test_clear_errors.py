@@ -239,3 +239,18 @@ def test_symlinked_torch_with_python_updates_record(tmp_path, synth):
     cp = run_cli("revert", *args, env=env)
     assert cp.returncode == 0, cp.stderr
     assert (record.read_bytes(), tree_digest(real)) == before
+
+
+def test_partly_undone_apply_points_at_revert(synth):
+    sp, pdir = synth
+    pristine_guards = (sp / "torch/_guards.py").read_bytes()
+    assert run_cli("apply", *_args(sp, pdir)).returncode == 0
+    (sp / "torch/_guards.py").write_bytes(pristine_guards)  # undone by hand
+    err = _fails("apply", *_args(sp, pdir))
+    assert err.startswith(f"error: cannot apply the v2.15.0 series to torch 2.15.0+cu132 at {sp / 'torch'}: "
+                          f"{sp / 'torch/_dynamo/config.py'} already has the patched content"), err
+    assert err.endswith(f"next: undo it from its backups, then apply: python -m torch_fork_overlay revert "
+                        f"--site-packages {sp} && python -m torch_fork_overlay apply --site-packages {sp}\n")
+    assert run_cli("revert", *_args(sp, pdir)).returncode == 0
+    assert run_cli("apply", *_args(sp, pdir)).returncode == 0
+    assert_record_matches_files(sp)
