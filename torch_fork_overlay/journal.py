@@ -78,9 +78,13 @@ def step(what: str, path: os.PathLike[str] | str, *, can_fail: bool = True) -> N
 # -- durable file operations ------------------------------------------------
 
 def _fsync_dir(d: Path) -> None:
+    """Make a rename or unlink in ``d`` durable."""
     fd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP):  # file systems that cannot
+            raise
     finally:
         os.close(fd)
 
