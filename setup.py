@@ -51,7 +51,9 @@ setup(
     packages=["torch_fork_overlay"],
     package_data={"torch_fork_overlay": ["suites.toml"]},
     python_requires=">=3.11",
-    install_requires=["filelock", "packaging", "wheel>=0.48"],
+    # filelock>=4.3: release leaves the lock file alone and acquire re-checks
+    # st_nlink after flock, which lock.py relies on (see its docstring)
+    install_requires=["filelock>=4.3", "packaging", "wheel>=0.48"],
     cmdclass={"build_py": build_py_with_patches},
     entry_points={"console_scripts": ["torch-fork-overlay = torch_fork_overlay.cli:main"]},
 )

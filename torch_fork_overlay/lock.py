@@ -13,6 +13,9 @@ lock after us finds it unlinked and retries on a fresh file (filelock checks
 ``st_nlink`` after ``flock`` for exactly this), so removing it never lets two
 runs in at once and a finished run leaves no file behind.  After a kill the
 file stays until the next run; it is never importable and pip ignores it.
+This needs a filelock whose release does not unlink the file itself
+(3.20.4 up to the fix of its issue #574 did, racing with waiters) and which
+re-checks ``st_nlink`` after ``flock``: 4.3 or later (setup.py).
 """
 
 from __future__ import annotations
