@@ -165,3 +165,34 @@ def test_sigterm_mid_revert_is_finished_by_the_next_revert(install):
     cp = tfo("revert", *install.args)
     assert cp.returncode == 0, cp.stderr
     assert tree_digest(install.sp) == install.pristine
+
+
+def _hammer(lock_path: str, log: str, rounds: int) -> None:
+    from torch_fork_overlay.lock import exclusive
+
+    for _ in range(rounds):
+        with exclusive(Path(lock_path), what="a test", out=lambda s: None, unwritable=lambda e: e):
+            fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            try:
+                os.write(fd, b"(")
+                time.sleep(0.001)
+                os.write(fd, b")")
+            finally:
+                os.close(fd)
+
+
+def test_lock_file_removed_while_held_stays_exclusive(tmp_path):
+    """Each holder removes the lock file before releasing it; four processes
+    taking turns never overlap and no lock file is left."""
+    import multiprocessing
+
+    lock_path, log = tmp_path / "x.lock", tmp_path / "log"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_hammer, args=(str(lock_path), str(log), 40)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    assert log.read_text() == "()" * 160
+    assert not lock_path.exists()
