@@ -404,13 +404,15 @@ def begin_revert(plan: Plan) -> None:
         write_file(plan.journal, plan.to_json())
     except BaseException:
         # nothing but RECORD's intent lines and temp files changed: undo them
-        for tmp in plan.temps():
-            tmp.unlink(missing_ok=True)
+        # (best effort: whatever is left, the next run's tidy removes)
         if not plan.journal.exists():
             try:
+                for tmp in plan.temps():
+                    if tmp.is_symlink() or tmp.is_file():
+                        tmp.unlink()
                 _record_tidy(plan)
             except BaseException:
-                pass  # the next run's tidy drops the intent lines
+                pass
         raise
 
 
