@@ -411,6 +411,8 @@ def revert_install(
         try:
             jn.begin_revert(plan)
         except OSError as e:
+            if plan.journal.exists():
+                raise _stopped(inst, plan, e) from e
             raise OverlayError(
                 f"could not write {e.filename} ({e.strerror}) while starting to revert "
                 f"{_describe(inst)}; nothing was changed",
