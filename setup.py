@@ -9,6 +9,11 @@ Environment variables honoured by the tool (not by this file):
       download cache of ``wheel --version`` (default: ``./.cache``)
   TORCH_FORK_OVERLAY_LOG_DIR
       where failed commands leave their full log (default: $TMPDIR/torch-fork-overlay-logs)
+  TORCH_FORK_OVERLAY_LOCK_TIMEOUT
+      seconds an apply / revert / refresh waits for another run on the same
+      install or patches folder before refusing (default: 60)
+  TFO_FAULT_AT, TFO_FAULT_LOG
+      fault injection for the tests only (see torch_fork_overlay/journal.py)
 
 Environment variables honoured by the tests (test/):
 
@@ -46,7 +51,9 @@ setup(
     packages=["torch_fork_overlay"],
     package_data={"torch_fork_overlay": ["suites.toml"]},
     python_requires=">=3.11",
-    install_requires=["packaging", "wheel>=0.48"],
+    # filelock>=4.3: release leaves the lock file alone and acquire re-checks
+    # st_nlink after flock, which lock.py relies on (see its docstring)
+    install_requires=["filelock>=4.3", "packaging", "wheel>=0.48"],
     cmdclass={"build_py": build_py_with_patches},
     entry_points={"console_scripts": ["torch-fork-overlay = torch_fork_overlay.cli:main"]},
 )

@@ -2,17 +2,19 @@
 
 ``patch_tree`` applies a series to any directory laid out like the PyTorch
 repository root (a staging copy, an unpacked wheel, site-packages, a
-checkout).  ``apply_to_install`` / ``revert_install`` wrap it with the
-checks and the atomic replace an install needs:
+checkout).  ``apply_to_install`` / ``revert_install`` wrap it with what an
+install needs:
 
+0. the install's lock (``lock``): one apply / revert at a time; a run that
+   finds the journal of an interrupted one first rolls it back (``journal``);
 1. every precondition is checked first: a series for this release, every
    touched file pristine per the manifest, every target directory and file
-   writable (by creating a temp file: ``os.access`` is meaningless as root);
+   writable (by trying: ``os.access`` is meaningless as root), enough space;
 2. every patched file is produced in a staging copy and its hash checked
    against the manifest;
-3. only then are files replaced, each with ``os.replace`` from a temp file in
-   the same directory; if one replace fails, those already done are rolled
-   back, so the install is left exactly as it was.
+3. only then is the install changed, through the journal (``journal``): each
+   file replaced atomically and durably; on an error everything is rolled
+   back, and after a kill the next run finishes the roll-back.
 
 Revert restores from the byte-identical backup taken at apply time rather
 than reverse-applying the series: the patches in the checkout may have
@@ -23,12 +25,14 @@ restored file are hash-checked against the state file.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
+from . import journal as jn
+from . import lock
 from . import state as st
 from .errors import OverlayError
 from .locate import TorchInstall, locate
@@ -65,6 +69,14 @@ def patch_tree(*, root: str | os.PathLike[str], series: Series, include_tests: b
         cp = run(cmd, cwd=root, env=_git_apply_env(root), check=False)
         if cp.returncode != 0:
             tail = "\n".join("    " + l for l in cp.stderr.strip().splitlines()[-10:])
+            if "No space left on device" in cp.stderr:
+                raise OverlayError(
+                    f"git apply could not write the patched files of {patch.name} under {root}: "
+                    "No space left on device",
+                    cause=f"the disk holding {root} is full",
+                    next="free some space there (or, for a staging copy, point TMPDIR at another "
+                    "disk) and rerun the same command",
+                )
             raise OverlayError(
                 f"patch {patch.name} ({i} of {len(patches)} in {series.dir / 'series'}) "
                 f"does not apply to {', '.join(patch.files)} under {root}"
@@ -80,13 +92,14 @@ def patch_tree(*, root: str | os.PathLike[str], series: Series, include_tests: b
 
 
 def check_writable(paths: list[Path], *, what: str) -> None:
-    """Prove each directory (and existing file) can be changed by trying."""
+    """Prove each directory (and existing file) can be changed by trying.
+    The probe is an unnamed temp file (O_TMPFILE where the OS has it), so a
+    kill at any moment leaves nothing behind."""
     dirs = sorted({p if p.is_dir() else p.parent for p in paths})
     for d in dirs:
         try:
-            fd, tmp = tempfile.mkstemp(prefix=".tfo-check-", dir=d)
-            os.close(fd)
-            os.unlink(tmp)
+            with tempfile.TemporaryFile(prefix=".tfo-check-", dir=d):
+                pass
         except OSError as e:
             raise _readonly(d, e, what) from None
     for p in paths:
@@ -108,69 +121,19 @@ def _readonly(path: Path, e: OSError, what: str) -> OverlayError:
     )
 
 
-def commit_changes(changes: list[tuple[Path, bytes | None]]) -> None:
-    """Write every (path, data) -- None deletes -- all or nothing.
-
-    All new contents are first written to temp files next to their target;
-    then each is moved in with ``os.replace``. On any failure the targets
-    already replaced are restored from memory and temp files are removed;
-    an ``OSError`` is reported as ``OverlayError``.
-    """
-    temps: dict[Path, Path] = {}
-    made_dirs: list[Path] = []
-    done: list[tuple[Path, bytes | None]] = []
-    current: Path | None = None
+def _check_space(where: Path, need: int, *, what: str) -> None:
     try:
-        for path, data in changes:
-            current = path
-            if data is None:
-                continue
-            if not path.parent.exists():
-                path.parent.mkdir(parents=True)
-                made_dirs.append(path.parent)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tfo-tmp", dir=path.parent)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            if path.exists():
-                shutil.copymode(path, tmp)
-            else:
-                os.chmod(tmp, 0o644)
-            temps[path] = Path(tmp)
-        for path, data in changes:
-            current = path
-            old = path.read_bytes() if path.is_file() else None
-            if data is None:
-                if old is not None:
-                    path.unlink()
-            else:
-                os.replace(temps[path], path)
-                del temps[path]
-            done.append((path, old))
-    except BaseException as exc:
-        for path, old in reversed(done):
-            try:
-                if old is None:
-                    path.unlink(missing_ok=True)
-                else:
-                    path.write_bytes(old)
-            except OSError:
-                pass
-        for tmp in temps.values():
-            tmp.unlink(missing_ok=True)
-        for d in reversed(made_dirs):
-            try:
-                d.rmdir()
-            except OSError:
-                pass
-        if isinstance(exc, OSError):
-            raise OverlayError(
-                f"could not write {current} ({exc.strerror}); the "
-                f"{len(done)} file(s) already replaced were restored, nothing was changed",
-                cause="the file system refused a write after the checks passed: a path "
-                "changed type, the disk is full, or another process is changing the install",
-                next="fix the path named above, then rerun the same command",
-            ) from exc
-        raise
+        sv = os.statvfs(where)
+    except OSError:
+        return
+    free = sv.f_bavail * sv.f_frsize
+    if free < need:
+        raise OverlayError(
+            f"not enough free space to patch {what}: {need} bytes needed in {where}, "
+            f"{free} free; nothing was changed",
+            cause="the disk is full",
+            next="free some space there and rerun the same command",
+        )
 
 
 def _describe(inst: TorchInstall) -> str:
@@ -179,6 +142,67 @@ def _describe(inst: TorchInstall) -> str:
 
 def _target_args(inst: TorchInstall) -> str:
     return f"--site-packages {inst.site_packages}"
+
+
+@contextlib.contextmanager
+def install_lock(inst: TorchInstall, *, out: Printer) -> Iterator[None]:
+    """The install's lock (``lock``): a second apply / revert waits, then refuses."""
+    what = _describe(inst)
+    with lock.exclusive(inst.site_packages / st.LOCK_NAME, what=what, out=out,
+                        unwritable=lambda e: _readonly(inst.site_packages, e, what)):
+        yield
+
+
+def _targets(inst: TorchInstall, rels) -> list[Path]:
+    out = [inst.site_packages / r for r in rels] + [inst.torch_dir, inst.site_packages]
+    if (inst.torch_dir / st.BACKUP_DIR).is_dir():
+        out.append(inst.torch_dir / st.BACKUP_DIR)
+    if inst.record:
+        out.append(inst.record)
+    return out
+
+
+def _recover(inst: TorchInstall, *, rels: list[str], out: Printer) -> jn.Plan | None:
+    """Under the lock: roll back an interrupted run (its journal is on disk),
+    else remove the leftovers of a run killed before it wrote its journal."""
+    plan = jn.read_journal(inst)
+    if plan is None:
+        found = jn.tidy(inst, rels)
+        if found:
+            out(f"removed {len(found)} leftover temp file(s) of an interrupted run: "
+                + ", ".join(str(p) for p in found))
+        return None
+    out(f"found the journal of an interrupted {plan.op} ({plan.journal}): rolling it back to pristine")
+    actions = jn.check_roll_back(plan, what=f"roll back the interrupted {plan.op} of")
+    check_writable(_targets(inst, plan.files), what=_describe(inst))
+    try:
+        jn.roll_back(plan, actions)
+    except OSError as e:
+        raise _stopped(inst, plan, e) from e
+    return plan
+
+
+def _stopped(inst: TorchInstall, plan: jn.Plan, e: OSError) -> OverlayError:
+    return OverlayError(
+        f"rolling back {_describe(inst)} stopped at {e.filename} ({e.strerror}); the journal "
+        f"{plan.journal} records what is left to do",
+        cause="the file system refused a write: the disk is full, or it is read-only",
+        next=f"fix that, then rerun: python -m torch_fork_overlay revert {_target_args(inst)}",
+    )
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def _classify(data: bytes | None, v: dict) -> str:
+    h = st.sha256_bytes(data) if data is not None else None
+    if h == v["patched"]:
+        return st.PATCHED
+    return st.PRISTINE if h == v["pristine"] else st.UNKNOWN
 
 
 def apply_to_install(
@@ -191,52 +215,67 @@ def apply_to_install(
     """Apply the matching series to an installed torch. Returns a summary.
 
     Idempotent: a torch whose files already match the patched hashes is
-    reported as already applied and left alone.
+    reported as already applied and left alone.  An interrupted apply or
+    revert (a journal on disk) is rolled back first, then the series applied.
     """
     inst = locate(python=python, site_packages=site_packages)
     series = load_series(inst.version, patches_dir=patches_dir)
-    sp = inst.site_packages
-    files = series.manifest
-    states = {
-        rel: st.classify(sp / rel, pristine=v["pristine"], patched=v["patched"])
-        for rel, v in files.items()
-    }
+    if not series.install_patches():
+        raise OverlayError(
+            f"the v{series.version} series in {series.dir} has no patch to apply to an install "
+            f"({len(series.patches)} listed in {series.dir / 'series'}, all under test/)",
+            cause="the series file is empty or lists only test patches",
+            next="add the patches to the series: python -m torch_fork_overlay refresh --help",
+        )
+    with install_lock(inst, out=out):
+        recovered = _recover(inst, rels=sorted(series.manifest), out=out)
+        msg = _apply_locked(inst, series, out=out)
+    if recovered is not None:
+        msg = f"rolled back the interrupted {recovered.op}, then: {msg}"
+    return msg
+
+
+def _apply_locked(inst: TorchInstall, series: Series, *, out: Printer) -> str:
+    sp, torch_dir, files = inst.site_packages, inst.torch_dir, series.manifest
+    data = {rel: _read(sp / rel) for rel in files}  # read once: the bytes backed up are the bytes checked
+    states = {rel: _classify(data[rel], v) for rel, v in files.items()}
     out(f"checked: torch {inst.version} (git {inst.git_version}) at {inst.torch_dir}; "
         f"series {series.dir}; {len(files)} file(s): "
         + ", ".join(f"{r} {s}" for r, s in sorted(states.items())))
+    state = st.read_state(torch_dir, reinstall=inst.reinstall)
     if all(s == st.PATCHED for s in states.values()):
+        if state is None:
+            return _patched_without_state(inst, series, data)
         return f"already applied: {_describe(inst)} matches the v{series.version} series; nothing to do"
     bad = {r: s for r, s in states.items() if s != st.PRISTINE}
     if bad:
-        raise OverlayError(
-            f"cannot apply the v{series.version} series to {_describe(inst)}: "
-            + ", ".join(f"{sp / r} is {s}" for r, s in sorted(bad.items()))
-            + "; nothing was changed",
-            cause="these files were modified by someone else (not pristine torch "
-            f"{series.version}, not our patched result), or only part of the series is applied",
-            next=f"reinstall pristine torch: pip install --force-reinstall --no-deps "
-            f"torch=={inst.version}, then rerun: python -m torch_fork_overlay apply {_target_args(inst)}",
-        )
-    torch_dir = inst.torch_dir
-    targets = [sp / r for r in files] + [torch_dir]
-    if inst.record:
-        targets.append(inst.record)
-    check_writable(targets, what=_describe(inst))
+        raise _not_pristine(inst, series, bad, data, state=state)
+    check_writable(_targets(inst, files), what=_describe(inst))
 
-    with tempfile.TemporaryDirectory(prefix="tfo-stage-") as stage:
-        stage = Path(stage)
-        for rel, v in files.items():
-            if v["pristine"] is not None:
-                (stage / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(sp / rel, stage / rel)
-        try:
-            applied = patch_tree(root=stage, series=series, include_tests=False)
-        except OverlayError as e:
-            e.what += f"\n  (applied to a staging copy; nothing in {inst.site_packages} was changed)"
-            raise
-        new = {rel: (stage / rel).read_bytes() for rel in files}
-    for rel, data in new.items():
-        got = st.sha256_bytes(data)
+    try:
+        with tempfile.TemporaryDirectory(prefix="tfo-stage-") as stage:
+            stage = Path(stage)
+            for rel, v in files.items():
+                if v["pristine"] is not None:
+                    (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (stage / rel).write_bytes(data[rel])
+            try:
+                applied = patch_tree(root=stage, series=series, include_tests=False)
+            except OverlayError as e:
+                e.what += f"\n  (applied to a staging copy; nothing in {inst.site_packages} was changed)"
+                raise
+            new = {rel: (stage / rel).read_bytes() for rel in files}
+    except OSError as e:
+        raise OverlayError(
+            f"cannot prepare the patched files in a staging folder under {tempfile.gettempdir()} "
+            f"({e.strerror}{': ' + str(e.filename) if e.filename else ''}); "
+            f"nothing in {inst.site_packages} was changed",
+            cause="the temp folder ($TMPDIR) is full or not writable",
+            next="free some space there, or point TMPDIR at another folder: "
+            f"TMPDIR=/path/to/tmp python -m torch_fork_overlay apply {_target_args(inst)}",
+        ) from None
+    for rel, blob in new.items():
+        got = st.sha256_bytes(blob)
         if got != files[rel]["patched"]:
             raise OverlayError(
                 f"the v{series.version} series produced {rel} with sha256 {got}, but "
@@ -245,42 +284,92 @@ def apply_to_install(
                 next=f"python -m torch_fork_overlay refresh --manifest-only --version {series.version}",
             )
 
-    changes: list[tuple[Path, bytes | None]] = []
-    state_files: dict[str, dict] = {}
-    backups: dict[str, bytes] = {}
+    record_text = jn.read_record_text(inst)
+    originals = st.record_lines_for(record_text, sorted(files)) if record_text is not None else {}
+    plan_files: dict[str, dict] = {}
     for rel in sorted(files):
-        orig = (sp / rel).read_bytes() if files[rel]["pristine"] is not None else None
         b_rel = None
-        if orig is not None:
-            b_path = st.backup_path(torch_dir, rel)
-            b_rel = b_path.relative_to(sp).as_posix()
-            backups[b_rel] = orig
-            changes.append((b_path, orig))
-        state_files[rel] = {
-            "pristine": files[rel]["pristine"],
-            "patched": files[rel]["patched"],
-            "backup": b_rel,
-        }
-    changes += [(sp / rel, new[rel]) for rel in sorted(files)]
-    state_rel = st.state_path(torch_dir).relative_to(sp).as_posix()
-    record_text = inst.record.read_bytes().decode("utf-8") if inst.record else None
-    if record_text is not None:
-        originals = st.record_lines_for(record_text, sorted(files))
-        for rel in state_files:
-            state_files[rel]["record_line"] = originals[rel]
+        if files[rel]["pristine"] is not None:
+            b_rel = st.backup_path(torch_dir, rel).relative_to(sp).as_posix()
+        plan_files[rel] = {"pristine": files[rel]["pristine"], "patched": files[rel]["patched"],
+                           "backup": b_rel}
+        if record_text is not None:
+            plan_files[rel]["record_line"] = originals[rel]
     state_bytes = st.make_state(
-        series_version=series.version, patches=applied, files=state_files, site_packages=sp
+        series_version=series.version, patches=applied, files=plan_files, site_packages=sp
     )
-    changes.append((st.state_path(torch_dir), state_bytes))
-    if record_text is not None:
-        replace = {rel: st.record_line(rel, new[rel]) for rel in files}
-        add = [st.record_line(b, d) for b, d in backups.items()]
-        add.append(st.record_line(state_rel, state_bytes))
-        changes.append((inst.record, st.edit_record(record_text, replace=replace, add=add).encode()))
-    commit_changes(changes)
+    modes = {rel: st.mode_of(sp / rel) for rel in files if data[rel] is not None}
+    need = sum(len(b) for b in data.values() if b) + sum(map(len, new.values())) + len(state_bytes)
+    need += 2 * len(record_text or "") + 8192 * (2 * len(files) + 4)
+    _check_space(torch_dir, need, what=_describe(inst))
+    plan = jn.Plan(op=jn.APPLY, inst=inst, series=series.version, patches=applied, files=plan_files)
+    jn.commit_apply(plan, originals={r: d for r, d in data.items() if d is not None}, patched=new,
+                    modes=modes, state_bytes=state_bytes, out=out)
     return (
         f"applied {len(applied)} patch(es) of the v{series.version} series to {_describe(inst)}: "
         f"{', '.join(applied)}\n  undo with: python -m torch_fork_overlay revert {_target_args(inst)}"
+    )
+
+
+def _patched_without_state(inst: TorchInstall, series: Series, data: dict[str, bytes | None]) -> str:
+    """Every file patched, no state file: a patched wheel, or the remains of a
+    killed run of an older version of this tool (RECORD then still lists the
+    pristine hashes)."""
+    text = jn.read_record_text(inst)
+    if text is not None:
+        lines = st.record_lines_for(text, sorted(data))
+        stale = [r for r, d in sorted(data.items()) if d is not None and lines[r] != st.record_line(r, d)]
+        if stale:
+            raise OverlayError(
+                f"{_describe(inst)} has the patched files of the v{series.version} series but no "
+                f"{st.STATE_NAME}, and {inst.record} does not match {', '.join(stale)}",
+                cause="a run of an older torch_fork_overlay (which had no journal) was killed after "
+                "replacing the files and before recording it; no backup is known to be complete",
+                next=f"reinstall pristine torch: {inst.reinstall}, then rerun: "
+                f"python -m torch_fork_overlay apply {_target_args(inst)}",
+            )
+    return (f"already applied: {_describe(inst)} matches the v{series.version} series; nothing to do "
+            f"(a patched build: there is no {st.STATE_NAME}, so undo it by reinstalling torch: "
+            f"{inst.reinstall})")
+
+
+def _not_pristine(inst: TorchInstall, series: Series, bad: dict[str, str],
+                  data: dict[str, bytes | None], *, state: dict | None) -> OverlayError:
+    sp = inst.site_packages
+    text = jn.read_record_text(inst)
+    lines = st.record_lines_for(text, sorted(bad)) if text is not None else {}
+    as_installed = sorted(r for r, s in bad.items() if s == st.UNKNOWN and data[r] is not None
+                          and lines.get(r) == st.record_line(r, data[r]))
+    if as_installed and len(as_installed) == len(bad):
+        return OverlayError(
+            f"cannot apply the v{series.version} series to {_describe(inst)}: "
+            + ", ".join(f"{sp / r}" for r in as_installed)
+            + f" {'is' if len(as_installed) == 1 else 'are'} exactly as pip installed "
+            f"{'it' if len(as_installed) == 1 else 'them'} (matching {inst.record}) but not the "
+            f"pristine sha256 in {series.dir / 'manifest.json'}; nothing was changed",
+            cause=f"the manifest does not describe this build of torch {inst.version} "
+            f"(git {inst.git_version}): it is wrong, or the series was made from another build",
+            next="rewrite the manifest from this install and review the diff: python -m "
+            f"torch_fork_overlay refresh --manifest-only --version {series.version} --pristine {sp}",
+        )
+    if state is not None and all(s == st.PATCHED for s in bad.values()):
+        return OverlayError(
+            f"cannot apply the v{series.version} series to {_describe(inst)}: "
+            + ", ".join(f"{sp / r}" for r in sorted(bad))
+            + f" already {'has' if len(bad) == 1 else 'have'} the patched content but the other files "
+            f"are pristine, and {st.state_path(inst.torch_dir)} records an earlier apply; nothing was changed",
+            cause="an earlier apply (maybe of another version of the series) was partly undone by hand",
+            next=f"undo it from its backups, then apply: python -m torch_fork_overlay revert "
+            f"{_target_args(inst)} && python -m torch_fork_overlay apply {_target_args(inst)}",
+        )
+    return OverlayError(
+        f"cannot apply the v{series.version} series to {_describe(inst)}: "
+        + ", ".join(f"{sp / r} is {s}" for r, s in sorted(bad.items()))
+        + "; nothing was changed",
+        cause="these files were modified by someone else (not pristine torch "
+        f"{series.version}, not our patched result), or only part of the series is applied",
+        next=f"reinstall pristine torch: {inst.reinstall}, "
+        f"then rerun: python -m torch_fork_overlay apply {_target_args(inst)}",
     )
 
 
@@ -291,59 +380,47 @@ def revert_install(
     patches_dir: str | os.PathLike[str] | None = None,
     out: Printer = print,
 ) -> str:
-    """Restore the byte-identical originals saved by ``apply_to_install``."""
+    """Restore the byte-identical originals saved by ``apply_to_install``;
+    or roll back an interrupted apply or revert (a journal on disk)."""
     inst = locate(python=python, site_packages=site_packages)
-    sp, torch_dir = inst.site_packages, inst.torch_dir
-    state = st.read_state(torch_dir)
-    if state is None:
-        raise OverlayError(
-            f"nothing to revert: {_describe(inst)} has no {st.STATE_NAME}, "
-            "so torch_fork_overlay never applied a series there",
-            cause="it was never patched, was already reverted, or is a patched wheel "
-            "(which is undone by reinstalling torch, not by revert)",
-            next=f"see what is installed: python -m torch_fork_overlay status {_target_args(inst)}",
-        )
-    files: dict[str, dict] = state["files"]
-    bad = []
-    for rel, v in sorted(files.items()):
-        s = st.classify(sp / rel, pristine=v["pristine"], patched=v["patched"])
-        if s != st.PATCHED:
-            bad.append(f"{sp / rel} is {s}")
-        if v.get("backup") and st.sha256_file(sp / v["backup"]) != v["pristine"]:
-            bad.append(f"backup {sp / v['backup']} is missing or changed")
-    out(f"checked: {_describe(inst)}; state file lists {len(files)} file(s), "
-        f"series v{state['series']}")
-    if bad:
-        raise OverlayError(
-            f"cannot revert {_describe(inst)}: {'; '.join(bad)}; nothing was changed",
-            cause="files were modified after torch_fork_overlay applied the series",
-            next=f"reinstall pristine torch: pip install --force-reinstall --no-deps torch=={inst.version}",
-        )
-    targets = [sp / r for r in files] + [torch_dir]
-    if inst.record:
-        targets.append(inst.record)
-    check_writable(targets, what=_describe(inst))
-
-    changes: list[tuple[Path, bytes | None]] = []
-    replace: dict[str, str | None] = {}
-    for rel, v in sorted(files.items()):
-        orig = (sp / v["backup"]).read_bytes() if v.get("backup") else None
-        changes.append((sp / rel, orig))
-        replace[rel] = v.get("record_line")
-    for rel, v in sorted(files.items()):
-        if v.get("backup"):
-            changes.append((sp / v["backup"], None))
-            replace[v["backup"]] = None
-    changes.append((st.state_path(torch_dir), None))
-    replace[st.state_path(torch_dir).relative_to(sp).as_posix()] = None
-    if inst.record:
-        text = inst.record.read_bytes().decode("utf-8")  # keep \r\n
-        changes.append((inst.record, st.edit_record(text, replace=replace, add=[]).encode()))
-    commit_changes(changes)
-    try:
-        (torch_dir / st.BACKUP_DIR).rmdir()
-    except OSError:
-        pass
-    for rel, v in files.items():
-        assert st.sha256_file(sp / rel) == v["pristine"], rel
-    return f"reverted {_describe(inst)} to pristine ({len(files)} file(s) restored, hash-checked)"
+    with install_lock(inst, out=out):
+        plan = jn.read_journal(inst)
+        if plan is not None:
+            done = _recover(inst, rels=sorted(plan.files), out=out)
+            return (f"rolled back the interrupted {done.op}: {_describe(inst)} is pristine "
+                    f"({len(done.files)} file(s) hash-checked)")
+        state = st.read_state(inst.torch_dir, reinstall=inst.reinstall)
+        found = jn.tidy(inst, sorted(state["files"]) if state else [])
+        if found:
+            out(f"removed {len(found)} leftover temp file(s) of an interrupted run: "
+                + ", ".join(str(p) for p in found))
+        if state is None:
+            raise OverlayError(
+                f"nothing to revert: {_describe(inst)} has no {st.STATE_NAME}, "
+                "so torch_fork_overlay never applied a series there",
+                cause="it was never patched, was already reverted, or is a patched wheel "
+                "(which is undone by reinstalling torch, not by revert)",
+                next=f"see what is installed: python -m torch_fork_overlay status {_target_args(inst)}",
+            )
+        plan = jn.Plan(op=jn.REVERT, inst=inst, series=str(state.get("series")),
+                       patches=list(state.get("patches") or []), files=state["files"])
+        out(f"checked: {_describe(inst)}; state file lists {len(plan.files)} file(s), "
+            f"series v{plan.series}")
+        actions = jn.check_roll_back(plan, what="revert")
+        check_writable(_targets(inst, plan.files), what=_describe(inst))
+        try:
+            jn.begin_revert(plan)
+        except OSError as e:
+            if plan.journal.exists():
+                raise _stopped(inst, plan, e) from e
+            raise OverlayError(
+                f"could not write {e.filename} ({e.strerror}) while starting to revert "
+                f"{_describe(inst)}; nothing was changed",
+                cause="the disk is full, or the install became read-only",
+                next="fix that, then rerun the same command",
+            ) from e
+        try:
+            jn.roll_back(plan, actions)
+        except OSError as e:
+            raise _stopped(inst, plan, e) from e
+    return f"reverted {_describe(inst)} to pristine ({len(plan.files)} file(s) restored, hash-checked)"

@@ -3,17 +3,21 @@ keyword arguments.  To add a subcommand, write ``_add_<name>(sub)`` that
 registers its parser with ``set_defaults(func=...)`` and list it in
 ``SUBCOMMANDS``.
 
-Exit status: 0 ok, 2 on ``OverlayError`` (message printed, no traceback);
-any other exception is a bug and keeps its traceback.
+Exit status: 0 ok, 2 on ``OverlayError`` (message printed, no traceback),
+128 + N when interrupted by signal N (Ctrl-C: 130; SIGTERM: 143; see
+``proc.raise_on_termination``); any other exception is a bug and keeps its
+traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import Callable
 
 from .errors import OverlayError
+from .proc import Terminated, raise_on_termination
 
 
 def _target(p: argparse.ArgumentParser) -> None:
@@ -46,7 +50,8 @@ def _install_command(sub, name: str, help: str, description: str, module: str, f
 
 def _add_status(sub) -> None:
     _install_command(sub, "status", "show the installed torch and its patch state",
-                     "Show torch version, git_version, path, the matching series "
+                     "Show torch version, git_version, path, the matching series, "
+                     "an apply / revert in progress or interrupted (and how to finish it) "
                      "and, per touched file, pristine / patched / unknown.",
                      "status", "status_report")
 
@@ -54,14 +59,17 @@ def _add_status(sub) -> None:
 def _add_apply(sub) -> None:
     _install_command(sub, "apply", "patch the installed torch (atomic, idempotent)",
                      "Apply the series matching the installed torch; patches under "
-                     "test/ are skipped. Checks everything first; on failure nothing changes.",
+                     "test/ are skipped. Checks everything first; on failure nothing changes. "
+                     "An interrupted apply or revert is rolled back first. One run per install "
+                     "at a time ($TORCH_FORK_OVERLAY_LOCK_TIMEOUT: seconds to wait, default 60).",
                      "apply", "apply_to_install")
 
 
 def _add_revert(sub) -> None:
     _install_command(sub, "revert", "restore the byte-identical original torch files",
                      "Undo `apply`: restore originals (hash-checked), remove the "
-                     "state file and backups, restore RECORD.",
+                     "state file and backups, restore RECORD. Also rolls back an interrupted "
+                     "apply or revert to pristine.",
                      "apply", "revert_install")
 
 
@@ -238,9 +246,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    raise_on_termination()
+    sys.stdout.reconfigure(line_buffering=True)  # progress lines show up as they happen
     try:
         args.func(args)
     except OverlayError as e:
         print(e, file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
+        print(f"error: interrupted by {signal.Signals(signum).name}\n"
+              "  next: for apply / revert, `python -m torch_fork_overlay status` says whether the "
+              "install was left mid-change (the next apply or revert then finishes it)",
+              file=sys.stderr)
+        return 128 + signum
     return 0

@@ -10,27 +10,39 @@ official wheel (``--pristine-wheel WHL``, read with ``wheel.wheelfile``,
 which checks RECORD hashes).  A file absent from the pristine tree (a new
 ``test/dynamo/test_*.py``) becomes a new-file diff.  The edited file in
 ``--tree`` must hold the state after this patch *and all earlier ones*.
+
+Nothing in ``patches/`` changes until the result is known good: every change
+is made in a candidate copy of the series folder, which must then load, apply
+as a whole (tests included) to pristine files and match its rewritten
+manifest; only then are the changed files moved in (each atomically, new
+patches first, the series file and deletions last), under a lock per patches
+folder so that two refreshes never interleave.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
+from . import journal as jn
+from . import lock
 from . import state as st
 from .apply import patch_tree
 from .errors import OverlayError
 from .proc import run
 from .series import (
+    MANIFEST,
     SERIES,
     Series,
     check_relpath,
     default_patches_dir,
     load_series,
-    read_series_names,
+    read_patch_text,
     write_manifest,
 )
 
@@ -118,17 +130,37 @@ def _base_repo(tmp: Path, *, series: Series, pristine: Pristine, extra: list[str
     return repo
 
 
+def _check_tree(tree: Path, files: list[str] | tuple[str, ...], *, what: str) -> None:
+    """Every file of the patch must be in ``tree``: a missing one would
+    become a deletion of that file."""
+    missing = [rel for rel in files if not (tree / rel).is_file()]
+    if missing:
+        raise OverlayError(
+            f"--tree {tree} has no {', '.join(missing)}, which {what} touches; nothing in "
+            "patches/ was changed",
+            cause="--tree points at the wrong directory, or at a tree holding only some of the "
+            "files (the patch would delete the others)",
+            next="pass a tree that holds every file of the patch as edited (repository-root "
+            "layout: torch/..., test/...) and rerun refresh",
+        )
+
+
 def _take_from_tree(repo: Path, *, tree: Path, files: list[str]) -> None:
     for rel in files:
-        src = tree / rel
-        _write(repo, rel, src.read_bytes() if src.is_file() else None)
+        _write(repo, rel, (tree / rel).read_bytes())
     _git(repo, "add", "-A", "--", *files)
     if not _git(repo, "diff", "--cached", "--name-only").stdout.strip():
-        raise OverlayError(
-            f"{', '.join(files)} in {tree} are identical to pristine + earlier patches",
-            cause="the edits were made elsewhere, or --tree points at the wrong directory",
-            next="edit the files under --tree (or fix the path) and rerun refresh",
-        )
+        raise _no_edits(tree, files)
+
+
+def _no_edits(tree: Path, files) -> OverlayError:
+    return OverlayError(
+        f"{', '.join(files)} in {tree} are identical to pristine + earlier patches; "
+        "nothing in patches/ was changed",
+        cause="the edits were made elsewhere, or --tree points at the wrong directory "
+        "(e.g. a stock install)",
+        next="edit the files under --tree (or fix the path) and rerun refresh",
+    )
 
 
 def _trailers(repo: Path, *, version: str) -> None:
@@ -143,10 +175,11 @@ def _trailers(repo: Path, *, version: str) -> None:
 
 def _format_patch(repo: Path) -> tuple[str, str]:
     out = repo.parent / "out"
+    shutil.rmtree(out, ignore_errors=True)
     cp = _git(repo, "format-patch", "--zero-commit", "--no-signature", "-N",
                "--filename-max-length=200", "-1", "HEAD", "-o", str(out))
     path = Path(cp.stdout.strip().splitlines()[-1])
-    return path.name, path.read_text(encoding="utf-8")
+    return path.name, read_patch_text(path)
 
 
 def _diff_part(text: str) -> str:
@@ -159,13 +192,106 @@ def _check_later(repo: Path, *, series: Series, later: list[str]) -> None:
         patch_tree(root=repo, series=_sub_series(series, later), include_tests=True)
 
 
-def _write_series_file(series_dir: Path, lines_edit) -> None:
-    path = series_dir / SERIES
-    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else [
+def _series_text(old: str | None, lines_edit) -> str:
+    lines = old.splitlines() if old is not None else [
         "# Patches in apply order (quilt style; '#' starts a comment).",
         "# Written by `python -m torch_fork_overlay refresh`; regenerate, do not hand-edit patches.",
     ]
-    path.write_text("\n".join(lines_edit(lines)) + "\n", encoding="utf-8")
+    return "\n".join(lines_edit(lines)) + "\n"
+
+
+def _root(patches_dir) -> Path:
+    return Path(patches_dir) if patches_dir is not None else default_patches_dir()
+
+
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    """One refresh at a time per patches folder."""
+    what = f"the patch series in {root}"
+
+    def unwritable(e: OSError) -> OverlayError:
+        return OverlayError(
+            f"cannot write to {root} ({e.strerror}) to refresh {what}",
+            cause="the patches folder is read-only or owned by another user",
+            next="run refresh in a checkout you own (or pass --patches-dir DIR)",
+        )
+
+    if not root.is_dir():
+        try:
+            root.mkdir(parents=True)
+        except OSError as e:
+            raise unwritable(e) from None
+    with lock.exclusive(root / st.LOCK_NAME, what=what, out=print, unwritable=unwritable):
+        yield
+
+
+@contextlib.contextmanager
+def _nothing_changed_on_error(target: Path) -> Iterator[None]:
+    try:
+        yield
+    except OverlayError as e:
+        if "nothing in patches/ was changed" not in e.what and f"nothing in {target}" not in e.what:
+            e.what += f"\n  (refresh works on a scratch copy of the series: nothing in {target} was changed)"
+        raise
+
+
+class _Candidate:
+    """A copy of ``patches/v<version>/`` in which refresh makes its changes;
+    ``commit`` checks it as a whole and only then moves the changed files in."""
+
+    def __init__(self, tmp: Path, *, root: Path, version: str) -> None:
+        self.version = version
+        self.target = root / f"v{version}"
+        self.root = tmp / "candidate"
+        self.dir = self.root / self.target.name
+        self.dir.mkdir(parents=True)
+        if self.target.is_dir():
+            for p in self.target.iterdir():
+                if p.is_file() and not p.name.startswith("."):
+                    shutil.copyfile(p, self.dir / p.name)
+        self.changed: dict[str, bytes | None] = {}
+
+    def read(self, name: str) -> str | None:
+        p = self.dir / name
+        return read_patch_text(p, what="file") if p.is_file() else None
+
+    def write(self, name: str, text: str) -> None:
+        (self.dir / name).write_text(text, encoding="utf-8")
+        self.changed[name] = text.encode("utf-8")
+
+    def delete(self, name: str) -> None:
+        (self.dir / name).unlink()
+        self.changed[name] = None
+
+    def series(self, *, require_manifest: bool = False) -> Series:
+        return load_series(self.version, patches_dir=self.root, require_manifest=require_manifest)
+
+    def commit(self, pristine: Pristine) -> Path:
+        """Check that the whole candidate series loads, applies to pristine
+        files (tests included) and matches its rewritten manifest; then move
+        the changed files into ``patches/`` (nothing there changes before)."""
+        series = self.series()
+        if not series.patches:
+            raise OverlayError(f"the candidate series for torch {self.version} has no patches",
+                               cause="every patch was removed", next="keep at least one patch")
+        with tempfile.TemporaryDirectory(prefix="tfo-check-series-") as tmp:
+            tmp = Path(tmp)
+            for rel in sorted({f for p in series.patches for f in p.files}):
+                _write(tmp, rel, pristine.read(rel))
+            patch_tree(root=tmp, series=series, include_tests=True)
+        mpath = write_manifest(self.dir, version=self.version, files=_manifest_for(series, pristine))
+        self.changed[MANIFEST] = mpath.read_bytes()
+        self.series(require_manifest=True)
+        self.target.mkdir(parents=True, exist_ok=True)
+        # new patches first, then manifest and series, deletions last
+        order = sorted(self.changed, key=lambda n: (self.changed[n] is None, n == SERIES, n == MANIFEST))
+        for name in order:
+            data, dest = self.changed[name], self.target / name
+            if data is None:
+                jn.unlink(dest)
+            elif not dest.is_file() or dest.read_bytes() != data:
+                jn.write_file(dest, data)
+        return self.target / MANIFEST
 
 
 def new_patch(
@@ -182,41 +308,47 @@ def new_patch(
     """Create a patch of ``files`` as edited in ``tree`` with the commit message
     in ``message_file``; append it to the series, or put it in place of the
     patch ``replace`` (whose file is deleted). Rewrites the manifest."""
-    root = Path(patches_dir) if patches_dir is not None else default_patches_dir()
-    sdir = root / f"v{version}"
+    root = _root(patches_dir)
     for f in files:
         check_relpath(f, where="--files")
-    sdir.mkdir(parents=True, exist_ok=True)
-    if not (sdir / SERIES).exists():
-        _write_series_file(sdir, lambda lines: lines)
-    series = load_series(version, patches_dir=root, require_manifest=False)
-    names = [p.name for p in series.patches]
-    if replace is not None and replace not in names:
-        raise OverlayError(
-            f"--replace {replace}: no such patch in {sdir / SERIES}",
-            cause="the name is mistyped", next=f"cat {sdir / SERIES}")
-    pos = names.index(replace) if replace else len(names)
-    before, later = names[:pos], names[pos + 1 if replace else pos:]
-    with tempfile.TemporaryDirectory(prefix="tfo-refresh-") as tmp:
-        repo = _base_repo(Path(tmp), series=series, pristine=pristine, extra=files, before=before)
+    _check_tree(Path(tree), files, what="the new patch")
+    if name is not None:
+        check_relpath(name, where="--name")
+    with _locked(root), _nothing_changed_on_error(root / f"v{version}"), \
+            tempfile.TemporaryDirectory(prefix="tfo-refresh-") as tmp:
+        cand = _Candidate(Path(tmp), root=root, version=version)
+        if cand.read(SERIES) is None:
+            cand.write(SERIES, _series_text(None, lambda lines: lines))
+        series = cand.series()
+        names = [p.name for p in series.patches]
+        if replace is not None and replace not in names:
+            raise OverlayError(
+                f"--replace {replace}: no such patch in {cand.target / SERIES}",
+                cause="the name is mistyped", next=f"cat {cand.target / SERIES}")
+        pos = names.index(replace) if replace else len(names)
+        before, later = names[:pos], names[pos + 1 if replace else pos:]
+        work = Path(tmp) / "work"
+        work.mkdir()
+        repo = _base_repo(work, series=series, pristine=pristine, extra=files, before=before)
         _take_from_tree(repo, tree=Path(tree), files=files)
         _git(repo, "commit", "-q", "-F", str(Path(message_file).resolve()))
         _trailers(repo, version=series.version)
         fp_name, text = _format_patch(repo)
         _check_later(repo, series=series, later=later)
-    name = name or f"{pos + 1:04d}-{fp_name.split('-', 1)[1]}"
-    check_relpath(name, where="--name")
-    (sdir / name).write_text(text, encoding="utf-8")
+        name = name or f"{pos + 1:04d}-{fp_name.split('-', 1)[1]}"
+        check_relpath(name, where="--name")
+        cand.write(name, text)
 
-    def edit(lines: list[str]) -> list[str]:
-        if replace:
-            return [name if l.split("#", 1)[0].strip().split()[:1] == [replace] else l for l in lines]
-        return lines + [name]
+        def edit(lines: list[str]) -> list[str]:
+            if replace:
+                return [name if l.split("#", 1)[0].strip().split()[:1] == [replace] else l for l in lines]
+            return lines + [name]
 
-    _write_series_file(sdir, edit)
-    if replace and replace != name:
-        (sdir / replace).unlink()
-    write_series_manifest(version=version, pristine=pristine, patches_dir=root)
+        cand.write(SERIES, _series_text(cand.read(SERIES), edit))
+        if replace and replace != name:
+            cand.delete(replace)
+        cand.commit(pristine)
+    sdir = root / f"v{version}"
     print(f"wrote {sdir / name} and updated {sdir / SERIES} and {sdir / 'manifest.json'}")
     return sdir / name
 
@@ -231,46 +363,51 @@ def regenerate_patch(
 ) -> Path:
     """Regenerate ``patch`` from ``tree`` keeping its message, author and date.
     An unchanged diff leaves the file untouched (no churn)."""
-    root = Path(patches_dir) if patches_dir is not None else default_patches_dir()
-    series = load_series(version, patches_dir=root, require_manifest=False)
-    names = [p.name for p in series.patches]
-    if patch not in names:
-        raise OverlayError(f"no patch {patch} in {series.dir / SERIES}",
-                           cause="the name is mistyped", next=f"cat {series.dir / SERIES}")
-    pos = names.index(patch)
-    old = series.patches[pos]
-    with tempfile.TemporaryDirectory(prefix="tfo-refresh-") as tmp:
-        repo = _base_repo(Path(tmp), series=series, pristine=pristine, extra=[], before=names[:pos])
+    root = _root(patches_dir)
+    with _locked(root), _nothing_changed_on_error(root / f"v{version}"), \
+            tempfile.TemporaryDirectory(prefix="tfo-refresh-") as tmp:
+        cand = _Candidate(Path(tmp), root=root, version=version)
+        series = cand.series()
+        names = [p.name for p in series.patches]
+        if patch not in names:
+            raise OverlayError(f"no patch {patch} in {cand.target / SERIES}",
+                               cause="the name is mistyped", next=f"cat {cand.target / SERIES}")
+        pos = names.index(patch)
+        old = series.patches[pos]
+        _check_tree(Path(tree), old.files, what=patch)
+        work = Path(tmp) / "work"
+        work.mkdir()
+        repo = _base_repo(work, series=series, pristine=pristine, extra=[], before=names[:pos])
         # git am keeps the message, author and date of the existing patch
         _git(repo, "am", "-q", "--keep-cr", str(old.path.resolve()),
              what=f"{patch} does not apply to pristine + earlier patches",
              cause="an earlier patch changed under it",
              next="regenerate the earlier patches first, in series order")
         for rel in old.files:
-            src = Path(tree) / rel
-            _write(repo, rel, src.read_bytes() if src.is_file() else None)
+            _write(repo, rel, (Path(tree) / rel).read_bytes())
         _git(repo, "add", "-A", "--", *old.files)
         _git(repo, "commit", "-q", "--amend", "--allow-empty", "--no-edit")
+        if not _git(repo, "diff", "--name-only", "HEAD~1", "HEAD").stdout.strip():
+            raise _no_edits(Path(tree), old.files)
         _, text = _format_patch(repo)
-        old_text = old.path.read_text(encoding="utf-8")
-        if _diff_part(text) == _diff_part(old_text):
-            print(f"{old.path}: unchanged")
-            write_series_manifest(version=version, pristine=pristine, patches_dir=root)
-            return old.path
-        _trailers(repo, version=series.version)
-        _, text = _format_patch(repo)
-        _check_later(repo, series=series, later=names[pos + 1:])
-    old.path.write_text(text, encoding="utf-8")
-    write_series_manifest(version=version, pristine=pristine, patches_dir=root)
-    print(f"regenerated {old.path} and rewrote {series.dir / 'manifest.json'}")
-    return old.path
+        old_text = cand.read(patch)
+        unchanged = _diff_part(text) == _diff_part(old_text)
+        if not unchanged:
+            _trailers(repo, version=series.version)
+            _, text = _format_patch(repo)
+            _check_later(repo, series=series, later=names[pos + 1:])
+            cand.write(patch, text)
+        cand.commit(pristine)
+    dest = cand.target / patch
+    if unchanged:
+        print(f"{dest}: unchanged")
+    else:
+        print(f"regenerated {dest} and rewrote {cand.target / 'manifest.json'}")
+    return dest
 
 
-def write_series_manifest(
-    *, version: str, pristine: Pristine, patches_dir: str | os.PathLike[str] | None = None
-) -> Path:
-    """Rewrite ``manifest.json`` from pristine files + the whole series."""
-    series = load_series(version, patches_dir=patches_dir, require_manifest=False)
+def _manifest_for(series: Series, pristine: Pristine) -> dict[str, dict[str, str | None]]:
+    """sha256 of every touched non-test file, pristine and after the series."""
     files = sorted({f for p in series.install_patches() for f in p.files if not f.startswith("test/")})
     manifest: dict[str, dict[str, str | None]] = {}
     with tempfile.TemporaryDirectory(prefix="tfo-manifest-") as tmp:
@@ -283,8 +420,20 @@ def write_series_manifest(
         for rel in files:
             h = st.sha256_file(tmp / rel)
             if h is None:
-                raise OverlayError(f"the v{version} series deletes {rel}",
+                raise OverlayError(f"the v{series.version} series deletes {rel}",
                                    cause="deleting files from an install is not supported",
                                    next="change the patch to edit the file instead")
             manifest[rel]["patched"] = h
-    return write_manifest(series.dir, version=series.version, files=manifest)
+    return manifest
+
+
+def write_series_manifest(
+    *, version: str, pristine: Pristine, patches_dir: str | os.PathLike[str] | None = None
+) -> Path:
+    """Rewrite ``manifest.json`` from pristine files + the whole series."""
+    root = _root(patches_dir)
+    with _locked(root), _nothing_changed_on_error(root / f"v{version}"), \
+            tempfile.TemporaryDirectory(prefix="tfo-refresh-") as tmp:
+        cand = _Candidate(Path(tmp), root=root, version=version)
+        cand.series()  # a missing series is refused here, before anything is written
+        return cand.commit(pristine)

@@ -102,13 +102,29 @@ def check_relpath(path: str, *, where: str) -> str:
     return path
 
 
+def read_patch_text(path: Path, *, what: str = "patch") -> str:
+    """A patch (or series) file as text; a byte that is not UTF-8 is an ``OverlayError``."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise OverlayError(
+            f"{what} {path} is not UTF-8 text: byte 0x{raw[e.start]:02x} at line {line}",
+            cause="the file was damaged or edited by hand with another encoding "
+            "(patches are made by refresh, as UTF-8)",
+            next=f"restore it (git checkout -- {path}) or regenerate it: "
+            "python -m torch_fork_overlay refresh --help",
+        ) from None
+
+
 def parse_patch_files(path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Return (touched files, new files) of a ``git format-patch`` file."""
     files: list[str] = []
     new: list[str] = []
     where = f"patch {path.name}"
     current: str | None = None
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in read_patch_text(path).splitlines():
         m = _DIFF_GIT.match(line)
         if m:
             a, b = m.groups()
@@ -153,7 +169,7 @@ def supported_versions(patches_dir: str | os.PathLike[str] | None = None) -> lis
 
 def read_series_names(series_file: Path) -> list[str]:
     names = []
-    for line in series_file.read_text(encoding="utf-8").splitlines():
+    for line in read_patch_text(series_file, what="series file").splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
             # quilt allows "name -p1"; we only support -p1
@@ -204,14 +220,7 @@ def load_series(
     manifest: dict[str, dict[str, str | None]] = {}
     mpath = d / MANIFEST
     if mpath.is_file():
-        try:
-            manifest = json.loads(mpath.read_text(encoding="utf-8"))["files"]
-        except (ValueError, KeyError) as e:
-            raise OverlayError(
-                f"{mpath} is not a valid manifest ({e})",
-                cause="it was edited by hand or truncated",
-                next=f"rewrite it: python -m torch_fork_overlay refresh --manifest-only --version {base}",
-            ) from None
+        manifest = _read_manifest(mpath, base)
     series = Series(version=base, dir=d, patches=patches, manifest=manifest)
     needed = {f for p in series.install_patches() for f in p.files}
     missing = sorted(needed - set(manifest))
@@ -222,6 +231,37 @@ def load_series(
             next=f"rewrite it: python -m torch_fork_overlay refresh --manifest-only --version {base}",
         )
     return series
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _read_manifest(mpath: Path, base: str) -> dict[str, dict[str, str | None]]:
+    problem = None
+    try:
+        files = json.loads(mpath.read_bytes().decode("utf-8"))["files"]
+        if not isinstance(files, dict):
+            problem = "'files' is not a table"
+    except (ValueError, KeyError, TypeError) as e:  # UnicodeDecodeError is a ValueError
+        problem = f"{type(e).__name__}: {e}"
+    if problem is None:
+        for rel, v in files.items():
+            if not isinstance(v, dict) or set(v) != {"pristine", "patched"}:
+                problem = f"the entry of {rel} must have exactly 'pristine' and 'patched', not {v!r}"
+            elif not (v["pristine"] is None or _SHA256.fullmatch(str(v["pristine"]))) \
+                    or not _SHA256.fullmatch(str(v["patched"])):
+                problem = f"the entry of {rel} holds something other than sha256 hex digests: {v!r}"
+            else:
+                continue
+            break
+    if problem:
+        raise OverlayError(
+            f"{mpath} is not a valid manifest ({problem})",
+            cause="it was edited by hand or truncated",
+            next=f"rewrite it: python -m torch_fork_overlay refresh --manifest-only --version {base} "
+            "--pristine DIR",
+        )
+    return files
 
 
 def write_manifest(

@@ -1,12 +1,15 @@
-"""``status``: what torch is installed and how it stands against our series."""
+"""``status``: what torch is installed and how it stands against our series,
+including a run in progress or one that was interrupted (see ``journal``)."""
 
 from __future__ import annotations
 
 import os
 
+from . import journal as jn
+from . import lock
 from . import state as st
 from .errors import OverlayError
-from .locate import locate
+from .locate import TorchInstall, locate
 from .series import load_series, supported_versions
 
 
@@ -26,17 +29,56 @@ def status_report(
     try:
         series = load_series(inst.version, patches_dir=patches_dir)
     except OverlayError as e:
+        series = None
         lines.append(f"series:        none for {inst.base_version} "
                      f"(supported: {', '.join(supported_versions(patches_dir)) or 'none'})")
         lines.append(f"               {e.what}")
+    else:
+        lines.append(f"series:        {series.dir} ({len(series.patches)} patch(es), "
+                     f"{len(series.install_patches())} for installs)")
+    _run_lines(inst, lines, sorted(series.manifest) if series else [])
+    if series is None:
         return "\n".join(lines)
-    lines.append(f"series:        {series.dir} ({len(series.patches)} patch(es), "
-                 f"{len(series.install_patches())} for installs)")
-    state = st.read_state(inst.torch_dir)
-    lines.append(f"state file:    {st.state_path(inst.torch_dir) if state else '(none)'}")
     lines.append("files:")
     for rel in series.install_files():
         v = series.manifest[rel]
         s = st.classify(inst.site_packages / rel, pristine=v["pristine"], patched=v["patched"])
         lines.append(f"  {s:<9} {rel}")
     return "\n".join(lines)
+
+
+def _run_lines(inst: TorchInstall, lines: list[str], rels: list[str]) -> None:
+    """State file, journal, lock and leftovers of interrupted runs."""
+    args = f"--site-packages {inst.site_packages}"
+    try:
+        state = st.read_state(inst.torch_dir, reinstall=inst.reinstall)
+        lines.append(f"state file:    {st.state_path(inst.torch_dir) if state else '(none)'}")
+        rels = sorted(set(rels) | set(state["files"] if state else []))
+    except OverlayError as e:
+        lines.append(f"state file:    {e.what}")
+    lock_path = inst.site_packages / st.LOCK_NAME
+    held = lock.held_elsewhere(lock_path)
+    try:
+        plan = jn.read_journal(inst)
+    except OverlayError as e:
+        lines.append(f"journal:       {e.what}")
+        lines.append(f"               next: {e.next}")
+        return
+    if plan is not None:
+        rels = sorted(set(rels) | set(plan.files))
+        if held:
+            lines.append(f"journal:       {plan.op} in progress: another torch_fork_overlay run holds "
+                         f"{lock_path}")
+        else:
+            lines.append(f"journal:       interrupted {plan.op}: {plan.journal} was left by a run "
+                         "that was killed or crashed before it finished")
+            lines.append(f"               next: python -m torch_fork_overlay revert {args}"
+                         "   (rolls it back to pristine)")
+            lines.append(f"                 or: python -m torch_fork_overlay apply {args}"
+                         "    (rolls it back, then applies the series)")
+    elif held:
+        lines.append(f"lock:          another torch_fork_overlay run holds {lock_path} now")
+    found = [] if held else jn.leftovers(inst, rels)
+    if found:
+        lines.append(f"leftovers:     {len(found)} temp file(s) of an interrupted run, removed by the "
+                     f"next apply or revert: {', '.join(str(p) for p in found)}")

@@ -104,6 +104,23 @@ def _local_of(unpacked: Path, dist_info: Path) -> tuple[str, str | None]:
     return (mver or pver).base_version, local
 
 
+def _remove_stale_temp_dirs(out_dir: Path) -> None:
+    """Temp dirs of wheel runs that were SIGKILLed: their pid is gone."""
+    for d in sorted(out_dir.glob("tfo-wheel-*-*")):
+        m = re.fullmatch(r"tfo-wheel-(\d+)-\w+", d.name)
+        if not m or not d.is_dir():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue  # that run is still going (or the pid was reused: leave it)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        print(f"removing {d}: left by a wheel run (pid {m.group(1)}) that was killed")
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def build_wheel(
     *,
     version: str | None = None,
@@ -160,7 +177,11 @@ def build_wheel(
                          "the download was truncated or the file is corrupt")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="tfo-wheel-", dir=out_dir) as tmp:
+    _remove_stale_temp_dirs(out_dir)
+    # Ctrl-C / SIGTERM: proc.run stops the child's process group, then this
+    # removes the temp dir (~1.2 GB for the official wheel); after a SIGKILL
+    # the child dies too (PDEATHSIG) and the next run removes the dir.
+    with tempfile.TemporaryDirectory(prefix=f"tfo-wheel-{os.getpid()}-", dir=out_dir) as tmp:
         tmp = Path(tmp)
         with timed(f"unpacking {wheel_path.name} (wheel unpack checks RECORD hashes)"):
             run([sys.executable, "-m", "wheel", "unpack", "-d", str(tmp), str(wheel_path)],

@@ -131,3 +131,80 @@ def patches_dir(tmp_path, series_template) -> Path:
 def run_cli(*args: str, **kw) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "torch_fork_overlay", *args], cwd=REPO,
                           capture_output=True, text=True, **kw)
+
+
+# -- a synthetic install: no real torch needed (the crash-safety tests) ------
+
+SYNTH_DIST_INFO = "torch-2.15.0.dist-info"
+
+
+def synthetic_files() -> dict[str, bytes]:
+    """Small stand-ins for torch files, laid out like site-packages."""
+    guards = "".join(f"def guard_{i}(x):\n    return x + {i}\n\n" for i in range(800))
+    config = "import os\nimport sys\n\n" + "".join(f"option_{i} = {i}\n" for i in range(400))
+    return {
+        "torch/__init__.py": b'"""synthetic torch for torch_fork_overlay tests"""\n',
+        "torch/version.py": b"__version__ = '2.15.0+cu132'\ngit_version = 'synthetic0123456789'\n",
+        "torch/_guards.py": guards.encode(),
+        "torch/_dynamo/__init__.py": b"",
+        "torch/_dynamo/config.py": config.encode(),
+    }
+
+
+def make_synthetic_install(dest: Path) -> Path:
+    """``dest/site-packages`` with torch/ and a RECORD written the way pip writes it."""
+    import csv
+    import io
+
+    from torch_fork_overlay import state as st
+
+    sp = dest / "site-packages"
+    files = synthetic_files()
+    files[f"{SYNTH_DIST_INFO}/METADATA"] = b"Metadata-Version: 2.1\nName: torch\nVersion: 2.15.0\n"
+    files[f"{SYNTH_DIST_INFO}/WHEEL"] = b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\n"
+    for rel, data in files.items():
+        (sp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (sp / rel).write_bytes(data)
+    buf = io.StringIO()
+    w = csv.writer(buf)  # pip's RECORD: csv with \r\n line ends
+    for rel, data in files.items():
+        w.writerow([rel, st.record_hash(data), len(data)])
+    w.writerow([f"{SYNTH_DIST_INFO}/RECORD", "", ""])
+    (sp / SYNTH_DIST_INFO / "RECORD").write_bytes(buf.getvalue().encode())
+    return sp
+
+
+@pytest.fixture(scope="session")
+def synthetic_series(tmp_path_factory) -> Path:
+    """patches/v2.15.0 for the synthetic install, made by refresh: 0001 edits
+    torch/_guards.py, 0002 torch/_dynamo/config.py, 0003 adds a test file."""
+    base = tmp_path_factory.mktemp("synth-series")
+    pristine_sp = make_synthetic_install(base / "pristine")
+    pristine = refresh.Pristine(tree=pristine_sp)
+    pdir, tree = base / "patches", base / "tree"
+    edits = [
+        ("torch/_guards.py", "def guard_7(x):\n", "def guard_7(x):\n    # patched by test/tool\n"),
+        ("torch/_dynamo/config.py", "import sys\n", "import sys\n# patched by test/tool\n"),
+    ]
+    for i, (rel, old, new) in enumerate(edits, 1):
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text((pristine_sp / rel).read_text().replace(old, new, 1))
+        msg = base / f"msg{i}"
+        msg.write_text(f"area: Synthetic patch {i}\n\nFor the crash-safety tests.\n")
+        refresh.new_patch(version="2.15.0", pristine=pristine, tree=tree, files=[rel],
+                          message_file=msg, patches_dir=pdir)
+    (tree / "test/dynamo").mkdir(parents=True)
+    (tree / "test/dynamo/test_synthetic.py").write_text("# synthetic\n")
+    (base / "msg3").write_text("test: Add a synthetic test\n")
+    refresh.new_patch(version="2.15.0", pristine=pristine, tree=tree,
+                      files=["test/dynamo/test_synthetic.py"], message_file=base / "msg3",
+                      patches_dir=pdir)
+    return pdir
+
+
+@pytest.fixture
+def synth(tmp_path, synthetic_series) -> tuple[Path, Path]:
+    """(site-packages of a fresh synthetic install, a private copy of its series)."""
+    dest = tmp_path / "patches"
+    shutil.copytree(synthetic_series, dest)
+    return make_synthetic_install(tmp_path / "install"), dest

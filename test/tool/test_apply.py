@@ -12,7 +12,7 @@ import pytest
 
 from conftest import tree_digest
 from torch_fork_overlay import state as st
-from torch_fork_overlay.apply import apply_to_install, commit_changes, revert_install
+from torch_fork_overlay.apply import apply_to_install, revert_install
 from torch_fork_overlay.errors import OverlayError
 
 DI = "torch-2.15.0.dist-info"
@@ -78,7 +78,7 @@ def test_file_modified_by_someone_else(fake_install, patches_dir):
         f"{config} is unknown; nothing was changed\n"
         "  likely cause: these files were modified by someone else (not pristine torch 2.15.0, "
         "not our patched result), or only part of the series is applied\n"
-        "  next: reinstall pristine torch: pip install --force-reinstall --no-deps torch==2.15.0+cu132, "
+        "  next: reinstall pristine torch: pip install --force-reinstall --no-deps torch==2.15.0, "
         f"then rerun: python -m torch_fork_overlay apply --site-packages {fake_install}"
     )
     assert tree_digest(fake_install) == before
@@ -186,25 +186,17 @@ def test_stale_manifest_is_caught_before_any_change(fake_install, patches_dir):
     assert tree_digest(fake_install) == before
 
 
-def test_commit_changes_rolls_back_when_a_replace_fails(tmp_path):
-    a, b = tmp_path / "a.py", tmp_path / "b_is_a_dir"
-    a.write_bytes(b"old a")
-    b.mkdir()
-    with pytest.raises(OverlayError, match=r"the 1 file\(s\) already replaced were restored"):
-        commit_changes([(a, b"new a"), (b, b"cannot replace a directory")])
-    assert a.read_bytes() == b"old a"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.py", "b_is_a_dir"]
-
-
 def test_apply_rolls_back_when_a_write_fails_after_the_checks(fake_install, patches_dir):
-    # The state file path is a directory: every check passes, backups and
-    # patched files are moved in, then replacing the state file fails.
-    (fake_install / "torch" / st.STATE_NAME).mkdir()
+    # The state file's temp file path is a directory: every check passes,
+    # backups and patched files are moved in, then writing the state fails.
+    tmp = st.temp_path(fake_install / "torch" / st.STATE_NAME)
+    tmp.mkdir()
     before = tree_digest(fake_install)
     with pytest.raises(OverlayError) as e:
         _apply(fake_install, patches_dir)
     assert str(e.value).startswith(
-        f"error: could not write {fake_install / 'torch' / st.STATE_NAME} (Is a directory); "
-        "the 4 file(s) already replaced were restored, nothing was changed\n"
+        f"error: could not write {tmp} (Is a directory) while "
+        "applying the v2.15.0 series to torch 2.15.0+cu132 at "
+        f"{fake_install / 'torch'}; everything was rolled back, nothing was changed\n"
     )
     assert tree_digest(fake_install) == before
