@@ -421,6 +421,10 @@ def test_cli_exit_status_and_report(env):
     cp = subprocess.run(cmd[:-1] + ["/nonexistent/python"], capture_output=True, text=True, cwd=repo)
     assert cp.returncode == 2 and cp.stderr.startswith("error: the patched interpreter")
     assert "Traceback" not in cp.stderr
+    cp = subprocess.run(cmd[:4] + ["--list", "--suites-file", str(suites)], capture_output=True, text=True, cwd=repo)
+    assert cp.returncode == 0, cp.stderr
+    assert "  deselect test/test_alpha.py::test_known_broken: broken on stock too\n" in cp.stdout
+    assert "  expected not to run test/test_gamma.py: needs libtfo_test.so, which no wheel ships\n" in cp.stdout
 
 
 # --- compare on hand-made outcomes ------------------------------------------------
