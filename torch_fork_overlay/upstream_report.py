@@ -265,7 +265,7 @@ _TITLES = (
 def _side_line(run: Run, label: str) -> str:
     c = run.counts()
     state = "complete" if run.complete else "INCOMPLETE: " + exit_reason(run.returncode, run.timed_out)
-    return (f"  {label}: {c['passed']} passed, {c['failed']} failed, {c['errored']} errored, "
+    return (f"  {label + ':':8} {c['passed']} passed, {c['failed']} failed, {c['errored']} errored, "
             f"{c['skipped']} skipped, {c['crashed']} crashed; pytest exit {run.returncode} ({state}), "
             f"{run.seconds:.1f}s; log {run.log}")
 
@@ -290,7 +290,7 @@ def format_report(r: SuiteReport) -> str:
     lines = [f"{name}: {len(r.regressions)} regression(s), {len(r.suspected)} suspected regression(s), "
              f"{len(r.fixes)} fix(es), {len(r.both_fail)} failing on both, {r.both_pass} passing on both, "
              f"{r.skipped} skipped, {len(r.not_running)} file(s) that did not really run",
-             _side_line(r.stock, "stock  "), _side_line(r.patched, "patched"),
+             _side_line(r.stock, "stock"), _side_line(r.patched, "patched"),
              "  per file, stock / patched:",
              "    | file | " + " | ".join(STATUSES) + " |",
              "    |---|" + "---|" * len(STATUSES)]

@@ -259,7 +259,8 @@ def run_suite(*, suite: Suite, src: Path, python: str, side: str, out_dir: Path,
         cmd += ["--deselect", node]
     timeout = shutil.which("timeout")
     full = ([timeout, "--kill-after=30", str(suite.timeout)] if timeout else []) + cmd
-    env = {"PYTHONDONTWRITEBYTECODE": "1", "TORCH_FORK_OVERLAY_OUTCOMES": str(stream),
+    # PYTHONHASHSEED: one set order on both sides, so a set in an error message compares equal
+    env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "TORCH_FORK_OVERLAY_OUTCOMES": str(stream),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(plugin_dir), os.environ.get("PYTHONPATH")]))}
     t0 = time.monotonic()
     cp = proc.run(full, cwd=src / "test", check=False, env=env)

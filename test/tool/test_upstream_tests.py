@@ -61,9 +61,11 @@ def test_fails_differently():
     raise AssertionError("graph: " + ("opaque_region(x)" if PATCHED else "add(x, 1)"))
 
 def test_fails_alike():
-    # the same failure; its address, numbers and temp path differ on every run
+    # the same failure; its address, numbers and temp path differ on every run, a set's order
+    # with the hash seed
     path = os.path.join(tempfile.gettempdir(), f"tfo{time.time_ns()}", "data.bin")
-    raise RuntimeError(f"{object()!r} with id {id(object())} cannot read {path}")
+    keys = {"alpha", "beta", "gamma", "delta", "epsilon"}
+    raise RuntimeError(f"{object()!r} with id {id(object())} cannot read {path}; keys {keys}")
 
 @pytest.fixture
 def device():
@@ -218,7 +220,7 @@ def test_classifies_every_test(env):
                                    "test/test_epsilon.py", "test/test_epsilon.py::test_imports"]
     assert _ids(r.suspected) == [alpha + "test_fails_differently"]
     assert _ids(r.fixes) == [alpha + "test_fixed"]
-    # test_fails_alike: its address, id, numbers and temp path differ per run, the failure does not
+    # test_fails_alike: its address, id, numbers, temp path (and set order) differ per run, the failure not
     assert _ids(r.both_fail) == [alpha + "test_broken_everywhere", alpha + "test_fails_alike"]
     assert r.both_pass == 3  # test_always, test_slow, BetaTests.test_selected
     assert r.skipped == 1
