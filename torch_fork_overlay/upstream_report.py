@@ -262,9 +262,9 @@ _TITLES = (
 )
 
 
-def _side_line(run: Run, label: str) -> str:
+def _side_line(run: Run, label: str, timeout: int) -> str:
     c = run.counts()
-    state = "complete" if run.complete else "INCOMPLETE: " + exit_reason(run.returncode, run.timed_out)
+    state = "complete" if run.complete else "INCOMPLETE: " + exit_reason(run.returncode, run.timed_out, timeout)
     return (f"  {label + ':':8} {c['passed']} passed, {c['failed']} failed, {c['errored']} errored, "
             f"{c['skipped']} skipped, {c['crashed']} crashed; pytest exit {run.returncode} ({state}), "
             f"{run.seconds:.1f}s; log {run.log}")
@@ -290,7 +290,7 @@ def format_report(r: SuiteReport) -> str:
     lines = [f"{name}: {len(r.regressions)} regression(s), {len(r.suspected)} suspected regression(s), "
              f"{len(r.fixes)} fix(es), {len(r.both_fail)} failing on both, {r.both_pass} passing on both, "
              f"{r.skipped} skipped, {len(r.not_running)} file(s) that did not really run",
-             _side_line(r.stock, "stock"), _side_line(r.patched, "patched"),
+             _side_line(r.stock, "stock", r.suite.timeout), _side_line(r.patched, "patched", r.suite.timeout),
              "  per file, stock / patched:",
              "    | file | " + " | ".join(STATUSES) + " |",
              "    |---|" + "---|" * len(STATUSES)]
@@ -321,8 +321,8 @@ def format_report(r: SuiteReport) -> str:
             lines.append(f"  not run on {side} (its run stopped early): {len(r.not_run[side])} test(s), "
                          "listed in report.json")
         if not run.complete:
-            lines.append(f"  {side} run did not complete ({exit_reason(run.returncode, run.timed_out)}): "
-                         f"see {run.log}")
+            why = exit_reason(run.returncode, run.timed_out, r.suite.timeout)
+            lines.append(f"  {side} run did not complete ({why}): see {run.log}")
     for node, reason in r.suite.deselect:
         lines.append(f"  deselected {node}: {reason}")
     for f, reason in r.expected_but_ran:

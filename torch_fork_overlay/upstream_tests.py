@@ -335,7 +335,8 @@ def upstream_tests(
             r = runs[side] = run_suite(suite=suite, src=src, python=pythons[side], side=side, out_dir=out,
                                        prefixes=tuple(infos[side].get("prefixes", ())),
                                        tmpdirs=tuple(infos[side].get("tmpdirs", ())))
-            state = "complete" if r.complete else "INCOMPLETE: " + exit_reason(r.returncode, r.timed_out)
+            state = "complete" if r.complete else "INCOMPLETE: " + exit_reason(r.returncode, r.timed_out,
+                                                                                suite.timeout)
             echo("   " + ", ".join(f"{n} {status}" for status, n in r.counts().items())
                  + f" in {r.seconds:.1f}s; pytest exit {r.returncode} ({state}); log {r.log}")
         reports.append(compare(suite, runs["stock"], runs["patched"]))

@@ -325,12 +325,13 @@ def test_a_crash_names_the_test_and_keeps_what_ran(env):
 
 def test_timeout_is_reported_incomplete(env, monkeypatch):
     monkeypatch.setenv("TFO_TEST_SLOW", "1")
-    (r,), _ = _run(env, "short_timeout")
+    (r,), text = _run(env, "short_timeout")
     assert r.stock.timed_out and not r.stock.complete
     assert r.stock.outcomes["test/test_alpha.py::test_always"] == Outcome("passed")  # kept from before the kill
     assert r.stock.outcomes["test/test_alpha.py::test_slow"] == Outcome(
         "crashed", "pytest died while it ran (timed out after 2s)")
     assert exit_status([r]) == 1
+    assert "  stock run did not complete (timed out after 2s): see " in text
 
 
 def test_missing_interpreter(env):
