@@ -161,15 +161,22 @@ def _add_upstream_tests(sub) -> None:
     p = sub.add_parser("upstream-tests", help="run PyTorch's own test suites on stock vs patched torch",
                        description="Run named suites of upstream test files from a PyTorch checkout with the "
                        "stock and the patched interpreter; report regressions (pass stock, fail patched), "
-                       "fixes and tests failing on both. Exit status 1 on a regression or an incomplete run.")
+                       "suspected regressions (failing on both, differently), fixes, tests failing alike on "
+                       "both, files that did not really run, and per side and file passed / failed / errored "
+                       "/ skipped / crashed counts. Exit status 1 on a regression, a suspected regression, an "
+                       "incomplete run or a file that did not really run (unless its suite expects it). "
+                       "Suite fields and how to read the report: docs/upstream.md.")
     p.add_argument("--pytorch-src", metavar="DIR", help="PyTorch checkout providing test/ (required unless --list)")
     p.add_argument("--suite", action="append", metavar="NAME", help="suite to run (repeatable; default: all)")
     p.add_argument("--stock-python", metavar="PATH",
                    help="stock interpreter (default: $TORCH_FORK_OVERLAY_STOCK_PYTHON, else .venv-stock/bin/python)")
     p.add_argument("--patched-python", metavar="PATH",
                    help="patched interpreter (default: $TORCH_FORK_OVERLAY_PATCHED_PYTHON, else .venv/bin/python)")
-    p.add_argument("--out-dir", metavar="DIR", help="junit files, logs, report.json (default: build/upstream-tests)")
-    p.add_argument("--suites-file", metavar="FILE", help="suites TOML (default: the shipped suites.toml)")
+    p.add_argument("--out-dir", metavar="DIR",
+                   help="logs, outcome streams, junit files, report.json (default: build/upstream-tests)")
+    p.add_argument("--suites-file", metavar="FILE",
+                   help="your own suites TOML (default: the shipped suites.toml; fields: docs/upstream.md, "
+                   "\"Custom suites\")")
     p.add_argument("--list", action="store_true", help="list the suites and exit")
 
     def run(a):
@@ -178,7 +185,9 @@ def _add_upstream_tests(sub) -> None:
             for s in ut.load_suites(a.suites_file).values():
                 files = "".join(f"\n  {f}" for f in s.files)
                 print(f"{s.name}: {s.description}{files}" + (f"\n  -k {s.k!r}" if s.k else "")
-                      + f"\n  timeout {s.timeout}s")
+                      + f"\n  timeout {s.timeout}s"
+                      + "".join(f"\n  deselect {n}: {why}" for n, why in s.deselect)
+                      + "".join(f"\n  expected not to run {f}: {why}" for f, why in s.expect_not_running))
             return
         if not a.pytorch_src:
             p.error("--pytorch-src is required")

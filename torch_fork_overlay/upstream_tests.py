@@ -2,18 +2,18 @@
 
 Suites are data (``suites.toml`` next to this file, or ``--suites-file``):
 files, an optional ``-k`` expression, a timeout, modules both interpreters
-need, and deselections each with a reason.  Each suite runs once per
-interpreter with pytest's junit-xml; the two results are compared per test:
-
-* regression -- passed on stock, failed (or vanished) patched;
-* fix        -- failed on stock, passed patched;
-* both fail  -- failed on both (a pre-existing failure, not ours).
+need, deselections and files expected not to run, each with a reason.  Each
+suite runs once per interpreter with pytest; a small plugin (``_PLUGIN``)
+streams every test's outcome and first error line to a file as it happens, so
+a run killed by a timeout or a segfault still says what finished and which
+test was running.  ``upstream_report`` compares the two runs and renders the
+report (regressions, suspected regressions, fixes, files that did not really run).
 
 The checkout only provides the test files: pytest runs with ``cwd`` = the
 checkout's ``test/`` folder so ``import torch`` and ``torch.testing._internal``
 come from each interpreter's installed torch (checked before anything runs),
 with ``PYTHONDONTWRITEBYTECODE=1`` and no pytest cache so the checkout is not
-written to.  Logs, junit files and ``report.json`` go to ``--out-dir``.
+written to.  Logs, junit files, outcome streams and ``report.json`` go to ``--out-dir``.
 """
 
 from __future__ import annotations
@@ -21,21 +21,32 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import time
 import tomllib
-import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Callable
 
 from . import proc
 from .errors import OverlayError
+from .upstream_report import (
+    SIDES,
+    Outcome,
+    Run,
+    SuiteReport,
+    compare,
+    exit_reason,
+    exit_status,
+    format_reports,
+    report_json,
+)
 
 ENV_STOCK = "TORCH_FORK_OVERLAY_STOCK_PYTHON"
 ENV_PATCHED = "TORCH_FORK_OVERLAY_PATCHED_PYTHON"
 SUITES_FILE = Path(__file__).with_name("suites.toml")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-SIDES = ("stock", "patched")
+DOCS = "docs/upstream.md, \"Custom suites\""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,46 +58,16 @@ class Suite:
     k: str | None = None
     requires: tuple[str, ...] = ("pytest",)
     deselect: tuple[tuple[str, str], ...] = ()  # (node id, reason)
+    expect_not_running: tuple[tuple[str, str], ...] = ()  # (file, reason)
 
 
-@dataclasses.dataclass
-class Run:
-    side: str
-    python: str
-    returncode: int
-    timed_out: bool
-    seconds: float
-    junit: Path
-    log: Path
-    outcomes: dict[str, str]  # test id -> passed | failed | skipped
-
-    @property
-    def complete(self) -> bool:
-        # pytest: 0 all passed, 1 some failed, 5 none collected
-        return not self.timed_out and self.returncode in (0, 1, 5) and self.junit.is_file()
-
-    def counts(self) -> dict[str, int]:
-        c = {"passed": 0, "failed": 0, "skipped": 0}
-        for o in self.outcomes.values():
-            c[o] += 1
-        return c
-
-
-@dataclasses.dataclass
-class SuiteReport:
-    suite: Suite
-    stock: Run
-    patched: Run
-    regressions: list[str]
-    fixes: list[str]
-    both_fail: list[str]
-    both_pass: int
-    skipped: int
-    only_patched: list[str]
-
-    @property
-    def ok(self) -> bool:
-        return not self.regressions and self.stock.complete and self.patched.complete
+def _reasoned(name: str, s: dict, field: str, key: str) -> tuple[tuple[str, str], ...]:
+    out = []
+    for d in s.get(field, []):
+        if not d.get("reason"):
+            raise ValueError(f"suite {name}: {field} {d.get(key)!r} has no reason")
+        out.append((d[key], d["reason"]))
+    return tuple(out)
 
 
 def load_suites(path: str | os.PathLike[str] | None = None) -> dict[str, Suite]:
@@ -95,26 +76,28 @@ def load_suites(path: str | os.PathLike[str] | None = None) -> dict[str, Suite]:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
         out = {}
         for name, s in data["suites"].items():
-            desel = []
-            for d in s.get("deselect", []):
-                if not d.get("reason"):
-                    raise ValueError(f"suite {name}: deselect {d.get('id')!r} has no reason")
-                desel.append((d["id"], d["reason"]))
-            out[name] = Suite(
+            unknown = set(s) - {f.name for f in dataclasses.fields(Suite)} - {"name"}
+            if unknown:
+                raise ValueError(f"suite {name}: unknown field(s) {', '.join(sorted(unknown))}")
+            suite = out[name] = Suite(
                 name=name,
                 description=s.get("description", ""),
                 files=tuple(s["files"]),
                 timeout=int(s["timeout"]),
                 k=s.get("k"),
                 requires=tuple(s.get("requires", ["pytest"])),
-                deselect=tuple(desel),
+                deselect=_reasoned(name, s, "deselect", "id"),
+                expect_not_running=_reasoned(name, s, "expect_not_running", "file"),
             )
+            stray = [f for f, _ in suite.expect_not_running if f not in suite.files]
+            if stray:
+                raise ValueError(f"suite {name}: expect_not_running names {', '.join(stray)}, not in its files")
         return out
-    except (OSError, ValueError, KeyError, TypeError, tomllib.TOMLDecodeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, tomllib.TOMLDecodeError) as e:
         raise OverlayError(
             f"suites file {path} is not valid ({type(e).__name__}: {e})",
-            cause="it was edited by hand and lost a field (files, timeout) or a deselect reason",
-            next=f"fix {path}; its header comment lists the fields",
+            cause="it was edited by hand and lost a field (files, timeout), a reason, or has a typo",
+            next=f"fix {path}; the fields are listed in {DOCS} and in the shipped suites.toml's header",
         ) from None
 
 
@@ -125,84 +108,106 @@ def default_python(side: str) -> str:
     return str(PROJECT_ROOT / (".venv-stock" if side == "stock" else ".venv") / "bin" / "python")
 
 
-# --- junit -------------------------------------------------------------------
+# --- the outcome stream ---------------------------------------------------------
+
+_PLUGIN = '''\
+"""Written by torch-fork-overlay upstream-tests into its --out-dir; rewritten each run.
+
+A pytest plugin (-p _tfo_outcomes) that appends one JSON line per test phase to
+$TORCH_FORK_OVERLAY_OUTCOMES as it happens, so a run that is killed (timeout,
+segfault) still says which tests finished and which one was running.
+"""
+import json
+import os
+
+_out = open(os.environ["TORCH_FORK_OVERLAY_OUTCOMES"], "a", encoding="utf-8")
 
 
-def parse_junit(path: Path) -> dict[str, str]:
-    """{node id: passed | failed | skipped} from a pytest junit-xml (xunit1) file.
+def _write(**record):
+    _out.write(json.dumps(record) + "\\n")
+    _out.flush()
 
-    Node ids read like pytest's: ``test/dynamo/test_misc.py::MiscTests::test_x``.
+
+def _first_line(report):
+    if getattr(report, "wasxfail", None) is not None:
+        return ("xfail " + report.wasxfail).strip()
+    longrepr = report.longrepr
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is not None:
+        text = crash.message  # "ExcType: message", as pytest's short summary shows it
+    elif isinstance(longrepr, tuple) and len(longrepr) == 3:
+        text = longrepr[2]  # a skip: (path, line, "Skipped: why")
+    else:  # e.g. a collection error: pytest's text, with the exception on an "E   " line
+        text = str(longrepr or "")
+        text = next((line[1:] for line in text.splitlines() if line.startswith("E ")), text)
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _write(id=nodeid, when="start")
+
+
+def pytest_runtest_logreport(report):
+    message = "" if report.passed and not hasattr(report, "wasxfail") else _first_line(report)
+    _write(id=report.nodeid, when=report.when, outcome=report.outcome, message=message)
+
+
+def pytest_collectreport(report):
+    if not report.passed:
+        _write(id=report.nodeid, when="collect", outcome=report.outcome, message=_first_line(report))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _write(when="finish", exitstatus=int(exitstatus))
+'''
+
+
+def read_outcomes(path: Path, crashed: str) -> tuple[dict[str, Outcome], bool]:
+    """{node id: Outcome} from the plugin's stream, and whether pytest finished its session.
+
+    A test that started and has no teardown report was running when pytest died: it is
+    ``crashed``, with ``crashed`` as its message. A failure in the test's call is ``failed``;
+    in setup, teardown or collection (the id is then the file's or class's) ``errored``.
     """
-    root = ET.parse(path).getroot()
-    out = {}
-    for tc in root.iter("testcase"):
-        key = _node_id(tc.get("file"), tc.get("classname", ""), tc.get("name", ""))
-        tags = {child.tag for child in tc}
-        # a teardown error after a pass is a second <testcase>: failed wins
-        if out.get(key) != "failed":
-            out[key] = ("failed" if tags & {"failure", "error"}
-                        else "skipped" if "skipped" in tags else "passed")
-    return out
+    phases: dict[str, list[dict]] = {}
+    finished = False
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # the last line of a killed run may be cut short
+        if rec.get("when") == "finish":
+            finished = True
+        elif "id" in rec:
+            phases.setdefault(rec["id"], []).append(rec)
+    return {key: _outcome(recs, crashed) for key, recs in phases.items()}, finished
 
 
-def _node_id(file: str | None, classname: str, name: str) -> str:
-    if not file:
-        return f"{classname}::{name}"
-    module = file[:-3].replace("/", ".") if file.endswith(".py") else file
-    if classname.startswith(module + "."):
-        return f"{file}::{classname[len(module) + 1:]}::{name}"
-    return f"{file}::{name}"
-
-
-def compare(suite: Suite, stock: Run, patched: Run) -> SuiteReport:
-    """Classify every test id seen on either side; no status change goes unreported.
-
-    A test that does not pass on the patched side although it did not fail on stock
-    (passed, or skipped there) is a regression; one that fails on stock and passes
-    patched is a fix. A test missing on one side crashed, timed out or was not collected.
-    """
-    s, p = stock.outcomes, patched.outcomes
-    regressions, fixes, both_fail, only_patched = [], [], [], []
-    both_pass = skipped = 0
-    for key in sorted(set(s) | set(p)):
-        a, b = s.get(key), p.get(key)
-        if a == b == "passed":
-            both_pass += 1
-        elif a == b == "skipped":
-            skipped += 1
-        elif a is None:
-            only_patched.append(f"{key} ({b})")
-        elif b == "passed":
-            # failed -> passed is a fix; skipped -> passed changes nothing we judge
-            if a == "failed":
-                fixes.append(key)
-            else:
-                skipped += 1
-        elif a == "failed":
-            both_fail.append(key if b == "failed" else f"{key}  ({_patched_status(b)})")
-        else:
-            # passed or skipped on stock; failed, skipped or missing on patched
-            regressions.append(key if (a, b) == ("passed", "failed")
-                               else f"{key}  ({a} on stock, {_patched_status(b)})")
-    return SuiteReport(suite, stock, patched, regressions, fixes, both_fail, both_pass, skipped, only_patched)
-
-
-def _patched_status(outcome: str | None) -> str:
-    if outcome is None:
-        return "missing on patched: crashed, timed out or not collected"
-    return f"{outcome} on patched"
+def _outcome(records: list[dict], crashed: str) -> Outcome:
+    if not {"teardown", "collect"} & {r["when"] for r in records}:
+        return Outcome("crashed", crashed)
+    for r in records:
+        if r.get("outcome") == "failed":
+            return Outcome("failed" if r["when"] == "call" else "errored", r.get("message", ""))
+    for r in records:
+        if r.get("outcome") == "skipped":
+            return Outcome("skipped", r.get("message", ""))
+    return Outcome("passed")
 
 
 # --- running -------------------------------------------------------------------
 
 _PROBE = r"""
-import importlib.util, json, os, sys
+import importlib.util, json, os, sys, tempfile
 mods = json.loads(sys.argv[1])
 info = {"missing": [m for m in mods if importlib.util.find_spec(m) is None], "executable": sys.executable}
 if "torch" in mods and not info["missing"]:
     import torch
     info["torch"] = torch.__version__
     info["torch_file"] = os.path.realpath(torch.__file__)
+info["prefixes"] = sorted({sys.prefix, os.path.realpath(sys.prefix)})
+info["tmpdirs"] = sorted({tempfile.gettempdir(), os.path.realpath(tempfile.gettempdir())})
 print(json.dumps(info))
 """
 
@@ -236,27 +241,38 @@ def _probe(python: str, side: str, src: Path, requires: set[str]) -> dict:
     return info
 
 
-def run_suite(*, suite: Suite, src: Path, python: str, side: str, out_dir: Path) -> Run:
-    junit = out_dir / f"{suite.name}-{side}.xml"
-    log = out_dir / f"{suite.name}-{side}.log"
+def run_suite(*, suite: Suite, src: Path, python: str, side: str, out_dir: Path,
+              prefixes: tuple[str, ...] = (), tmpdirs: tuple[str, ...] = ()) -> Run:
+    out_dir = out_dir.resolve()  # pytest runs in the checkout: no path may be relative
+    junit, log, stream = (out_dir / f"{suite.name}-{side}{ext}" for ext in (".xml", ".log", ".jsonl"))
     junit.unlink(missing_ok=True)
+    stream.unlink(missing_ok=True)
+    plugin_dir = out_dir / "pytest-plugin"
+    plugin_dir.mkdir(parents=True, exist_ok=True)
+    (plugin_dir / "_tfo_outcomes.py").write_text(_PLUGIN, encoding="utf-8")
     cmd = [python, "-m", "pytest", *[os.path.relpath(src / f, src / "test") for f in suite.files],
-           f"--rootdir={src}", "-p", "no:cacheprovider", "-p", "no:benchmark", "-q", "-o", "junit_family=xunit1",
-           f"--junitxml={junit}"]
+           f"--rootdir={src}", "-p", "_tfo_outcomes", "-p", "no:cacheprovider", "-p", "no:benchmark",
+           "--continue-on-collection-errors", "-q", "-o", "junit_family=xunit1", f"--junitxml={junit}"]
     if suite.k:
         cmd += ["-k", suite.k]
     for node, _reason in suite.deselect:
         cmd += ["--deselect", node]
     timeout = shutil.which("timeout")
     full = ([timeout, "--kill-after=30", str(suite.timeout)] if timeout else []) + cmd
+    # PYTHONHASHSEED: one set order on both sides, so a set in an error message compares equal
+    env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "TORCH_FORK_OVERLAY_OUTCOMES": str(stream),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(plugin_dir), os.environ.get("PYTHONPATH")]))}
     t0 = time.monotonic()
-    cp = proc.run(full, cwd=src / "test", check=False, env={"PYTHONDONTWRITEBYTECODE": "1"})
+    cp = proc.run(full, cwd=src / "test", check=False, env=env)
     secs = time.monotonic() - t0
-    log.write_text(f"$ cd {src / 'test'} && {' '.join(full)}\n# exit status {cp.returncode}\n"
-                   f"{cp.stdout}\n--- stderr ---\n{cp.stderr}", encoding="utf-8")
+    log.write_text(f"$ cd {shlex.quote(str(src / 'test'))} && "
+                   + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + f" {shlex.join(full)}\n"
+                   f"# exit status {cp.returncode}\n{cp.stdout}\n--- stderr ---\n{cp.stderr}", encoding="utf-8")
     timed_out = bool(timeout) and cp.returncode in (124, 137)
-    outcomes = parse_junit(junit) if junit.is_file() else {}
-    return Run(side, python, cp.returncode, timed_out, secs, junit, log, outcomes)
+    crashed = f"pytest died while it ran ({exit_reason(cp.returncode, timed_out, suite.timeout)})"
+    outcomes, finished = read_outcomes(stream, crashed)
+    return Run(side, python, cp.returncode, timed_out, secs, log, outcomes, finished=finished,
+               prefixes=prefixes, tmpdirs=tmpdirs, junit=junit)
 
 
 def upstream_tests(
@@ -304,7 +320,7 @@ def upstream_tests(
     if tf["stock"] and tf["stock"] == tf["patched"]:
         echo(f"warning: both interpreters import the same torch ({tf['stock']}); "
              "the comparison can show no difference")
-    out = Path(out_dir) if out_dir else PROJECT_ROOT / "build" / "upstream-tests"
+    out = (Path(out_dir) if out_dir else PROJECT_ROOT / "build" / "upstream-tests").resolve()
     out.mkdir(parents=True, exist_ok=True)
 
     reports = []
@@ -316,65 +332,18 @@ def upstream_tests(
                  + (f", -k {suite.k!r}" if suite.k else "")
                  + (f", {len(suite.deselect)} deselected" if suite.deselect else "")
                  + f", timeout {suite.timeout}s")
-            r = runs[side] = run_suite(suite=suite, src=src, python=pythons[side], side=side, out_dir=out)
-            c = r.counts()
-            state = ("TIMED OUT" if r.timed_out else
-                     f"pytest exit {r.returncode}" + ("" if r.complete else " (INCOMPLETE)"))
-            echo(f"   {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped in "
-                 f"{r.seconds:.1f}s; {state}; log {r.log}")
+            r = runs[side] = run_suite(suite=suite, src=src, python=pythons[side], side=side, out_dir=out,
+                                       prefixes=tuple(infos[side].get("prefixes", ())),
+                                       tmpdirs=tuple(infos[side].get("tmpdirs", ())))
+            state = "complete" if r.complete else "INCOMPLETE: " + exit_reason(r.returncode, r.timed_out,
+                                                                                suite.timeout)
+            echo("   " + ", ".join(f"{n} {status}" for status, n in r.counts().items())
+                 + f" in {r.seconds:.1f}s; pytest exit {r.returncode} ({state}); log {r.log}")
         reports.append(compare(suite, runs["stock"], runs["patched"]))
-    _write_json(out / "report.json", reports, pythons, infos)
+    data = {"exit_status": exit_status(reports),
+            "interpreters": {s: {"python": pythons[s], **infos[s]} for s in SIDES},
+            "suites": {r.suite.name: report_json(r) for r in reports}}
+    (out / "report.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     echo(format_reports(reports))
-    echo(f"junit files, logs and report.json are in {out}")
+    echo(f"junit files, outcome streams, logs and report.json are in {out}")
     return reports
-
-
-def format_reports(reports: list[SuiteReport]) -> str:
-    lines = []
-    for r in reports:
-        lines.append(f"{r.suite.name}: {len(r.regressions)} regression(s), {len(r.fixes)} fix(es), "
-                     f"{len(r.both_fail)} failing on both, {r.both_pass} passing on both, {r.skipped} skipped")
-        for title, items in (("regressions (pass on stock, fail patched)", r.regressions),
-                             ("fixes (fail on stock, pass patched)", r.fixes),
-                             ("failing on both (not caused by the patch)", r.both_fail),
-                             ("only on patched", r.only_patched)):
-            if items:
-                lines.append(f"  {title}:")
-                lines += [f"    {i}" for i in items]
-        for side in SIDES:
-            run = getattr(r, side)
-            if not run.complete:
-                lines.append(f"  {side} run did not complete ("
-                             + ("timed out" if run.timed_out else f"pytest exit {run.returncode}")
-                             + f"): see {run.log}")
-        for node, reason in r.suite.deselect:
-            lines.append(f"  deselected {node}: {reason}")
-    total = sum(len(r.regressions) for r in reports)
-    bad = [r.suite.name for r in reports if not (r.stock.complete and r.patched.complete)]
-    lines.append(f"summary: {len(reports)} suite(s), {total} regression(s), "
-                 f"{sum(len(r.fixes) for r in reports)} fix(es)"
-                 + (f"; incomplete: {', '.join(bad)}" if bad else ""))
-    return "\n".join(lines)
-
-
-def _write_json(path: Path, reports, pythons, infos) -> None:
-    data = {
-        "interpreters": {s: {"python": pythons[s], **infos[s]} for s in SIDES},
-        "suites": {
-            r.suite.name: {
-                "regressions": r.regressions, "fixes": r.fixes, "both_fail": r.both_fail,
-                "both_pass": r.both_pass, "skipped": r.skipped, "only_patched": r.only_patched,
-                "deselected": [{"id": n, "reason": why} for n, why in r.suite.deselect],
-                **{s: {"returncode": getattr(r, s).returncode, "timed_out": getattr(r, s).timed_out,
-                       "seconds": round(getattr(r, s).seconds, 1), "junit": str(getattr(r, s).junit),
-                       "log": str(getattr(r, s).log), **getattr(r, s).counts()} for s in SIDES},
-            }
-            for r in reports
-        },
-    }
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-
-
-def exit_status(reports: list[SuiteReport]) -> int:
-    """0 when every suite ran to completion on both sides without regressions."""
-    return 0 if all(r.ok for r in reports) else 1

@@ -1,9 +1,11 @@
 """``upstream-tests`` end to end on a tiny checkout, with real pytest runs.
 
 Both "interpreters" are the Python running these tests, behind two wrapper
-scripts; the patched one sets TFO_TEST_SIDE=patched, which makes one test fail
-and another pass only there -- so regression / fix classification is proven on
-real junit-xml, not on mocks.
+scripts; the patched one sets TFO_TEST_SIDE=patched, which makes the synthetic
+test files behave differently there (a regression, a fix, a failure that
+changes, an import error, a segfault) -- so the classification is proven on
+real pytest runs, not on mocks. Boundaries of the rules are unit tests of
+``compare`` on hand-made outcomes.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from torch_fork_overlay.errors import OverlayError
+from torch_fork_overlay.upstream_report import Outcome, Run, compare, format_report, normalize
 from torch_fork_overlay.upstream_tests import (
+    Suite,
     exit_status,
     load_suites,
     upstream_tests,
@@ -24,6 +28,7 @@ from torch_fork_overlay.upstream_tests import (
 
 ALPHA = '''\
 import os
+import tempfile
 import time
 import pytest
 
@@ -50,6 +55,25 @@ def test_known_broken():
 def test_slow():
     if os.environ.get("TFO_TEST_SLOW"):
         time.sleep(60)
+
+def test_fails_differently():
+    # like an expected graph that the patch changes: fails on both sides, not alike
+    raise AssertionError("graph: " + ("opaque_region(x)" if PATCHED else "add(x, 1)"))
+
+def test_fails_alike():
+    # the same failure; its address, numbers and temp path differ on every run, a set's order
+    # with the hash seed
+    path = os.path.join(tempfile.gettempdir(), f"tfo{time.time_ns()}", "data.bin")
+    keys = {"alpha", "beta", "gamma", "delta", "epsilon"}
+    raise RuntimeError(f"{object()!r} with id {id(object())} cannot read {path}; keys {keys}")
+
+@pytest.fixture
+def device():
+    if PATCHED:
+        raise OSError("cannot open the device")
+
+def test_errors_patched(device):
+    pass
 '''
 
 BETA = '''\
@@ -63,14 +87,71 @@ class BetaTests(unittest.TestCase):
         self.fail("filtered out by -k")
 '''
 
+# imports only on stock: the file does not even collect on patched
+EPSILON = '''\
+import os
+if os.environ.get("TFO_TEST_SIDE") == "patched":
+    import tfo_no_such_module
+
+def test_imports():
+    pass
+'''
+
+# like test/export/test_torchbind.py without libtorchbind_test.so: every test fails alike on both sides
+GAMMA = '''\
+import unittest
+
+class TorchbindLike(unittest.TestCase):
+    def setUp(self):
+        raise OSError("Could not find library 'libtfo_test.so'")
+
+    def test_one(self):
+        pass
+
+    def test_two(self):
+        pass
+
+    def test_three(self):
+        pass
+'''
+
+# segfaults on patched in its second test
+CRASHY = '''\
+import os
+import signal
+
+def test_a_before():
+    pass
+
+def test_b_crashes():
+    if os.environ.get("TFO_TEST_SIDE") == "patched":
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+def test_c_after():
+    pass
+'''
+
 SUITES = '''\
 [suites.tiny]
-description = "two small files"
-files = ["test/test_alpha.py", "test/sub/test_beta.py"]
+description = "three small files"
+files = ["test/test_alpha.py", "test/sub/test_beta.py", "test/test_epsilon.py"]
 k = "not excluded"
 timeout = 120
 requires = ["pytest"]
 deselect = [{ id = "test/test_alpha.py::test_known_broken", reason = "broken on stock too" }]
+
+[suites.torchbind_like]
+files = ["test/test_gamma.py"]
+timeout = 60
+
+[suites.torchbind_like_expected]
+files = ["test/test_gamma.py"]
+timeout = 60
+expect_not_running = [{ file = "test/test_gamma.py", reason = "needs libtfo_test.so, which no wheel ships" }]
+
+[suites.crashy]
+files = ["test/test_crashy.py"]
+timeout = 60
 
 [suites.needs_missing_module]
 files = ["test/test_alpha.py"]
@@ -84,7 +165,7 @@ requires = ["torch"]
 
 [suites.short_timeout]
 files = ["test/test_alpha.py"]
-k = "slow"
+k = "slow or always"
 timeout = 2
 requires = ["pytest"]
 '''
@@ -102,6 +183,8 @@ def env(tmp_path, monkeypatch):
     (src / "test" / "sub").mkdir(parents=True)
     (src / "test" / "test_alpha.py").write_text(ALPHA)
     (src / "test" / "sub" / "test_beta.py").write_text(BETA)
+    for name, text in (("test_epsilon.py", EPSILON), ("test_gamma.py", GAMMA), ("test_crashy.py", CRASHY)):
+        (src / "test" / name).write_text(text)
     suites = tmp_path / "suites.toml"
     suites.write_text(SUITES)
     stock = _wrapper(tmp_path / "stock-python")
@@ -115,28 +198,81 @@ def _listing(root: Path):
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
 
-def test_classifies_regressions_and_fixes(env):
-    src, suites, stock, patched, out = env
-    before = _listing(src)
+def _run(env, *suites, **kw):
+    src, suites_file, stock, patched, out = env
     lines = []
-    reports = upstream_tests(pytorch_src=src, suites=["tiny"], stock_python=stock, patched_python=patched,
-                             out_dir=out, suites_file=suites, echo=lines.append)
-    (r,) = reports
-    assert r.regressions == ["test/test_alpha.py::test_regresses"]
-    assert r.fixes == ["test/test_alpha.py::test_fixed"]
-    assert r.both_fail == ["test/test_alpha.py::test_broken_everywhere"]
+    reports = upstream_tests(pytorch_src=src, suites=list(suites), stock_python=kw.get("stock", stock),
+                             patched_python=kw.get("patched", patched), out_dir=out, suites_file=suites_file,
+                             echo=lines.append)
+    return reports, "\n".join(lines)
+
+
+def _ids(changes):
+    return [c.id for c in changes]
+
+
+def test_classifies_every_test(env):
+    src, _, _, _, out = env
+    before = _listing(src)
+    (r,), text = _run(env, "tiny")
+    alpha = "test/test_alpha.py::"
+    assert _ids(r.regressions) == [alpha + "test_errors_patched", alpha + "test_regresses",
+                                   "test/test_epsilon.py", "test/test_epsilon.py::test_imports"]
+    assert _ids(r.suspected) == [alpha + "test_fails_differently"]
+    assert _ids(r.fixes) == [alpha + "test_fixed"]
+    # test_fails_alike: its address, id, numbers, temp path (and set order) differ per run, the failure not
+    assert _ids(r.both_fail) == [alpha + "test_broken_everywhere", alpha + "test_fails_alike"]
     assert r.both_pass == 3  # test_always, test_slow, BetaTests.test_selected
     assert r.skipped == 1
-    assert "test/test_alpha.py::test_known_broken" not in r.stock.outcomes  # deselected
+    assert alpha + "test_known_broken" not in r.stock.outcomes  # deselected
     assert not any("excluded" in k for k in r.stock.outcomes)  # -k
     assert r.stock.complete and r.patched.complete
-    assert exit_status(reports) == 1
-    text = "\n".join(lines)
-    assert "tiny: 1 regression(s), 1 fix(es), 1 failing on both" in text
+    assert r.stock.counts() == {"passed": 6, "failed": 4, "errored": 0, "skipped": 1, "crashed": 0}
+    assert r.patched.counts() == {"passed": 4, "failed": 4, "errored": 2, "skipped": 1, "crashed": 0}
+    assert exit_status([r]) == 1
+
+    # every regression and suspected regression with its first error line, inline
+    assert ("regressions (pass on stock, fail patched):\n"
+            f"    {alpha}test_errors_patched\n"
+            "        patched: errored: OSError: cannot open the device\n"
+            f"    {alpha}test_regresses\n"
+            "        patched: failed: AssertionError: broken by the patch\n"
+            "    test/test_epsilon.py\n"
+            "        stock:   not collected\n"
+            "        patched: errored: ModuleNotFoundError: No module named 'tfo_no_such_module'\n"
+            "    test/test_epsilon.py::test_imports\n"
+            "        patched: not collected\n") in text
+    assert (f"    {alpha}test_fails_differently\n"
+            "        stock:   failed: AssertionError: graph: add(x, 1)\n"
+            "        patched: failed: AssertionError: graph: opaque_region(x)\n") in text
+    assert f"    {alpha}test_fixed\n        stock:   failed: AssertionError: fixed by the patch\n" in text
+    assert f"    {alpha}test_broken_everywhere  failed: assert False\n" in text
+    # per side and per file: passed / failed / errored / skipped / crashed
+    assert "  patched: 4 passed, 4 failed, 2 errored, 1 skipped, 0 crashed; pytest exit 1 (complete)" in text
+    assert ("    | file | passed | failed | errored | skipped | crashed |\n    |---|---|---|---|---|---|\n"
+            "    | test/sub/test_beta.py | 1 / 1 | 0 / 0 | 0 / 0 | 0 / 0 | 0 / 0 |\n"
+            "    | test/test_alpha.py | 4 / 3 | 4 / 4 | 0 / 1 | 1 / 1 | 0 / 0 |\n"
+            "    | test/test_epsilon.py | 1 / 0 | 0 / 0 | 0 / 1 | 0 / 0 | 0 / 0 |\n") in text
+    # the file that does not import on patched did not really run there
+    assert ("    test/test_epsilon.py [patched]: no test passed: 1 of 1 failed with: "
+            "ModuleNotFoundError: No module named 'tfo_no_such_module'") in text
     assert "deselected test/test_alpha.py::test_known_broken: broken on stock too" in text
+    assert text.splitlines()[-2].endswith("NOT CLEAN (exit status 1)")
+
     data = json.loads((out / "report.json").read_text())
-    assert data["suites"]["tiny"]["regressions"] == ["test/test_alpha.py::test_regresses"]
-    assert (out / "tiny-stock.xml").is_file() and (out / "tiny-patched.xml").is_file()
+    assert data["exit_status"] == 1
+    tiny = data["suites"]["tiny"]
+    assert tiny["ok"] is False
+    assert tiny["regressions"][1] == {"id": alpha + "test_regresses",
+                                      "stock": {"status": "passed", "message": ""},
+                                      "patched": {"status": "failed", "message": "AssertionError: broken by the patch"}}
+    assert tiny["suspected_regressions"][0]["patched"]["message"] == "AssertionError: graph: opaque_region(x)"
+    assert tiny["patched"]["errored"] == 2 and tiny["stock"]["passed"] == 6
+    assert tiny["files"]["test/test_alpha.py"]["patched"]["errored"] == 1
+    assert tiny["not_running"] == [{"file": "test/test_epsilon.py", "sides": ["patched"], "expected": None,
+                                    "message": "no test passed: 1 of 1 failed with: "
+                                    "ModuleNotFoundError: No module named 'tfo_no_such_module'"}]
+    assert (out / "tiny-stock.xml").is_file() and (out / "tiny-patched.jsonl").is_file()
     assert _listing(src) == before  # no __pycache__, no .pytest_cache in the checkout
 
 
@@ -145,17 +281,57 @@ def test_same_interpreter_twice_is_clean(env, monkeypatch):
     monkeypatch.setenv("TORCH_FORK_OVERLAY_STOCK_PYTHON", stock)
     monkeypatch.setenv("TORCH_FORK_OVERLAY_PATCHED_PYTHON", stock)
     reports = upstream_tests(pytorch_src=src, suites=["tiny"], out_dir=out, suites_file=suites, echo=lambda s: None)
-    assert reports[0].regressions == [] and reports[0].fixes == []
+    (r,) = reports
+    assert r.regressions == r.suspected == r.fixes == r.not_running == []
     assert exit_status(reports) == 0
 
 
+def test_a_file_that_did_not_really_run(env):
+    # every test fails on both sides with one message: "0 regression(s)", and still not clean
+    (r, expected), text = _run(env, "torchbind_like", "torchbind_like_expected")
+    assert r.regressions == r.suspected == [] and len(r.both_fail) == 3
+    assert [(n.file, n.sides, n.message, n.expected) for n in r.not_running] == [
+        ("test/test_gamma.py", ("stock", "patched"),
+         "no test passed: 3 of 3 failed with: OSError: Could not find library 'libtfo_test.so'", None)]
+    assert exit_status([r]) == 1
+    assert ("torchbind_like: 0 regression(s), 0 suspected regression(s), 0 fix(es), 3 failing on both, "
+            "0 passing on both, 0 skipped, 1 file(s) that did not really run") in text
+    assert ("  did not really run (the comparison says nothing about these):\n"
+            "    test/test_gamma.py [stock and patched]: no test passed: 3 of 3 failed with: "
+            "OSError: Could not find library 'libtfo_test.so'\n") in text
+    assert "(+3 in the files above that did not really run; listed in report.json)" in text
+    # the same file, marked expected (with its reason) in the suite: reported, and clean
+    assert expected.not_running[0].expected == "needs libtfo_test.so, which no wheel ships"
+    assert exit_status([expected]) == 0
+    assert "        expected (suites file): needs libtfo_test.so, which no wheel ships" in text
+    assert "did not really run: torchbind_like:test/test_gamma.py; NOT CLEAN" in text
+
+
+def test_a_crash_names_the_test_and_keeps_what_ran(env):
+    (r,), text = _run(env, "crashy")
+    crashy = "test/test_crashy.py::"
+    assert r.stock.complete and not r.patched.complete
+    assert r.patched.outcomes[crashy + "test_a_before"] == Outcome("passed")
+    assert r.patched.outcomes[crashy + "test_b_crashes"] == Outcome(
+        "crashed", "pytest died while it ran (killed by SIGSEGV)")
+    assert _ids(r.regressions) == [crashy + "test_b_crashes"]
+    assert r.not_run == {"stock": [], "patched": [crashy + "test_c_after"]}
+    assert r.patched.counts()["crashed"] == 1
+    assert exit_status([r]) == 1
+    assert "        patched: crashed: pytest died while it ran (killed by SIGSEGV)" in text
+    assert "  not run on patched (its run stopped early): 1 test(s), listed in report.json" in text
+    assert "  patched run did not complete (killed by SIGSEGV): see " in text
+
+
 def test_timeout_is_reported_incomplete(env, monkeypatch):
-    src, suites, stock, patched, out = env
     monkeypatch.setenv("TFO_TEST_SLOW", "1")
-    reports = upstream_tests(pytorch_src=src, suites=["short_timeout"], stock_python=stock,
-                             patched_python=patched, out_dir=out, suites_file=suites, echo=lambda s: None)
-    assert reports[0].stock.timed_out and not reports[0].stock.complete
-    assert exit_status(reports) == 1
+    (r,), text = _run(env, "short_timeout")
+    assert r.stock.timed_out and not r.stock.complete
+    assert r.stock.outcomes["test/test_alpha.py::test_always"] == Outcome("passed")  # kept from before the kill
+    assert r.stock.outcomes["test/test_alpha.py::test_slow"] == Outcome(
+        "crashed", "pytest died while it ran (timed out after 2s)")
+    assert exit_status([r]) == 1
+    assert "  stock run did not complete (timed out after 2s): see " in text
 
 
 def test_missing_interpreter(env):
@@ -206,12 +382,19 @@ def test_not_a_checkout(tmp_path):
     assert "has no test/ folder" in e.value.what
 
 
-def test_deselect_needs_a_reason(tmp_path):
+@pytest.mark.parametrize("toml, error", [
+    ('deselect=[{id="a::b"}]', "suite x: deselect 'a::b' has no reason"),
+    ('expect_not_running=[{file="a"}]', "suite x: expect_not_running 'a' has no reason"),
+    ('expect_not_running=[{file="b", reason="r"}]', "expect_not_running names b, not in its files"),
+    ('expect_not_runing=[{file="a", reason="r"}]', "unknown field(s) expect_not_runing"),
+])
+def test_suites_file_is_checked(tmp_path, toml, error):
     bad = tmp_path / "s.toml"
-    bad.write_text('[suites.x]\nfiles=["a"]\ntimeout=1\ndeselect=[{id="a::b"}]\n')
+    bad.write_text(f'[suites.x]\nfiles=["a"]\ntimeout=1\n{toml}\n')
     with pytest.raises(OverlayError) as e:
         load_suites(bad)
-    assert "has no reason" in e.value.what
+    assert error in e.value.what
+    assert "docs/upstream.md" in e.value.next
 
 
 def test_shipped_suites_name_the_upstream_files():
@@ -235,34 +418,129 @@ def test_cli_exit_status_and_report(env):
            "--stock-python", stock, "--patched-python", patched]
     cp = subprocess.run(cmd, capture_output=True, text=True, cwd=repo)
     assert cp.returncode == 1, cp.stderr
-    assert "regressions (pass on stock, fail patched):\n    test/test_alpha.py::test_regresses" in cp.stdout
+    assert "regressions (pass on stock, fail patched):\n    test/test_alpha.py::test_errors_patched" in cp.stdout
     cp = subprocess.run(cmd[:-1] + [stock], capture_output=True, text=True, cwd=repo)
     assert cp.returncode == 0, cp.stdout + cp.stderr
     cp = subprocess.run(cmd[:-1] + ["/nonexistent/python"], capture_output=True, text=True, cwd=repo)
     assert cp.returncode == 2 and cp.stderr.startswith("error: the patched interpreter")
     assert "Traceback" not in cp.stderr
+    cp = subprocess.run(cmd[:4] + ["--list", "--suites-file", str(suites)], capture_output=True, text=True, cwd=repo)
+    assert cp.returncode == 0, cp.stderr
+    assert "  deselect test/test_alpha.py::test_known_broken: broken on stock too\n" in cp.stdout
+    assert "  expected not to run test/test_gamma.py: needs libtfo_test.so, which no wheel ships\n" in cp.stdout
+
+
+# --- compare on hand-made outcomes ------------------------------------------------
+
+SUITE = Suite(name="s", description="", files=("test/test_x.py",), timeout=1)
+
+
+def _fake_run(side, outcomes, complete=True, prefixes=()):
+    outs = {k: o if isinstance(o, Outcome) else Outcome(*o) for k, o in outcomes.items()}
+    return Run(side, "python", 0 if complete else -11, False, 0.0, Path("log"), outs, finished=complete,
+               prefixes=prefixes)
+
+
+F = ("failed", "AssertionError: x")
 
 
 @pytest.mark.parametrize(
     "stock_outcome, patched_outcome, where",
     [
-        ("passed", "skipped", "regressions"),   # a pass that turned into a skip can hide a failure
-        ("skipped", "failed", "regressions"),   # newly failing
-        ("passed", None, "regressions"),        # crashed or not collected on patched
-        ("failed", None, "both_fail"),          # still not passing, now crashing
-        ("failed", "passed", "fixes"),
-        (None, "passed", "only_patched"),
+        (("passed",), ("skipped", "Skipped: no"), "regressions"),  # a pass that turned into a skip
+        (("skipped", "Skipped: no"), F, "regressions"),            # newly failing
+        (("passed",), ("crashed", "pytest died"), "regressions"),
+        (("passed",), ("errored", "OSError: setup"), "regressions"),
+        (("passed",), None, "regressions"),                         # not collected on patched
+        (None, ("errored", "ImportError: x"), "regressions"),       # a collection error only on patched
+        (F, None, "suspected"),                                     # failing on stock, not collected on patched
+        (F, ("skipped", "Skipped: no"), "suspected"),               # failing on stock, skipped on patched
+        (F, ("errored", "AssertionError: x"), "suspected"),         # the same line, another status
+        (F, ("failed", "AssertionError: y"), "suspected"),          # another first line
+        (F, ("crashed", "pytest died"), "suspected"),
+        (("failed", "AssertionError: 3 != 4 at 0x7f01"), ("failed", "AssertionError: 3 != 5 at 0x7e02"),
+         "both_fail"),                                              # numbers and addresses normalized
+        (F, F, "both_fail"),
+        (F, ("passed",), "fixes"),
+        (("errored", "OSError: x"), ("passed",), "fixes"),
+        (None, ("passed",), "only_patched"),
     ],
 )
-def test_compare_reports_every_status_change(tmp_path, stock_outcome, patched_outcome, where):
-    from torch_fork_overlay.upstream_tests import Run, Suite, compare
-
-    def run(side, outcome):
-        outcomes = {} if outcome is None else {"test/test_x.py::test_y": outcome}
-        return Run(side, "python", 0, False, 0.0, tmp_path / "j.xml", tmp_path / "log", outcomes)
-
-    suite = Suite.__new__(Suite)
-    report = compare(suite, run("stock", stock_outcome), run("patched", patched_outcome))
-    found = {name: [k for k in getattr(report, name) if k.startswith("test/test_x.py::test_y")]
-             for name in ("regressions", "fixes", "both_fail", "only_patched")}
+def test_compare_reports_every_status_change(stock_outcome, patched_outcome, where):
+    key = "test/test_x.py::test_y"
+    other = {"test/test_x.py::test_ok": ("passed",)} | {f"test/test_x.py::test_ok{i}": ("passed",) for i in range(3)}
+    report = compare(SUITE, _fake_run("stock", other | ({key: stock_outcome} if stock_outcome else {})),
+                     _fake_run("patched", other | ({key: patched_outcome} if patched_outcome else {})))
+    found = {name: [c.id for c in getattr(report, name) if c.id == key]
+             for name in ("regressions", "suspected", "fixes", "both_fail", "only_patched")}
     assert [name for name, keys in found.items() if keys] == [where]
+    assert report.not_running == []
+    assert exit_status([report]) == (where in ("regressions", "suspected"))
+
+
+def test_missing_from_an_incomplete_run_is_not_run():
+    report = compare(SUITE, _fake_run("stock", {"test/test_x.py::a": ("passed",), "test/test_x.py::b": F}),
+                     _fake_run("patched", {"test/test_x.py::a": ("passed",)}, complete=False))
+    assert report.not_run == {"stock": [], "patched": ["test/test_x.py::b"]}
+    assert report.regressions == report.suspected == []
+    assert exit_status([report]) == 1  # the incomplete run
+
+
+@pytest.mark.parametrize("outcomes, message", [
+    # zero passes: did not really run, whatever the failures
+    ({"a": ("failed", "OSError: lib 1"), "b": ("failed", "OSError: lib 2")},
+     "no test passed: 2 of 2 failed with: OSError: lib 1"),
+    ({"a": F, "b": ("errored", "OSError: x"), "c": ("skipped", "Skipped: cuda")},
+     "no test passed: 2 failed, the most common failure (1 of them): AssertionError: x"),
+    ({"a": ("crashed", "pytest died while it ran (killed by SIGSEGV)")},
+     "no test passed: 1 of 1 failed with: pytest died while it ran (killed by SIGSEGV)"),
+    ({"a": ("skipped", "Skipped: cuda"), "b": ("skipped", "Skipped: cuda")},
+     "every test skipped (2): Skipped: cuda"),
+    ({}, "no test ran: none collected, or all deselected"),
+    # some passes: more than half of the tests that ran fail alike (at least 2)
+    ({"a": ("passed",), "b": F, "c": F}, "2 of 3 tests that ran failed with one message: AssertionError: x"),
+    ({"a": ("passed",), "b": F, "c": F, "s": ("skipped", "Skipped: cuda")},
+     "2 of 3 tests that ran failed with one message: AssertionError: x"),
+    ({"a": ("passed",), "b": ("passed",), "c": F, "d": F}, None),  # half is not more than half
+    ({"a": ("passed",), "b": F, "c": ("failed", "AssertionError: y")}, None),  # two different failures
+    ({"a": ("passed",), "b": F}, None),  # one failure is not a pattern
+    ({"a": ("passed",), "b": F, "c": ("errored", "AssertionError: x")}, None),  # a failure and an error differ
+])
+def test_did_not_really_run_rule(outcomes, message):
+    outcomes = {f"test/test_x.py::{k}": v for k, v in outcomes.items()}
+    report = compare(SUITE, _fake_run("stock", outcomes), _fake_run("patched", outcomes))
+    assert [n.message for n in report.not_running] == ([message] if message else [])
+    if message:
+        assert report.not_running[0].sides == ("stock", "patched")
+        assert f"test/test_x.py [stock and patched]: {message}" in format_report(report)
+    assert exit_status([report]) == (1 if message else 0)
+
+
+def test_did_not_really_run_on_one_side():
+    ok = {"test/test_x.py::a": ("passed",), "test/test_x.py::b": ("passed",)}
+    broken = {k: ("failed", "ImportError: cannot import name 'x'") for k in ok}
+    report = compare(SUITE, _fake_run("stock", ok), _fake_run("patched", broken))
+    assert [(n.sides, n.message) for n in report.not_running] == [
+        (("patched",), "no test passed: 2 of 2 failed with: ImportError: cannot import name 'x'")]
+
+
+def test_expected_not_running_that_runs_is_noted():
+    suite = Suite(name="s", description="", files=("test/test_x.py",), timeout=1,
+                  expect_not_running=(("test/test_x.py", "needs a library"),))
+    ok = _fake_run("stock", {"test/test_x.py::a": ("passed",)})
+    report = compare(suite, ok, ok)
+    assert report.expected_but_ran == [("test/test_x.py", "needs a library")]
+    assert "is listed in expect_not_running (needs a library) but ran on both sides" in format_report(report)
+    assert exit_status([report]) == 0
+
+
+def test_normalize():
+    assert normalize("RuntimeError: <object object at 0x7f3a2c> id 140023 took 12.5 ms") == \
+        "RuntimeError: <object object at <hex>> id N took N.N ms"
+    assert normalize("OSError: /tmp/tmpab12cd/x.bin and '/var/tmp/q'") == "OSError: <tmp> and '<tmp>'"
+    assert normalize("OSError: /scratch/t/tmpq1/x.so", tmpdirs=("/scratch/t",)) == "OSError: <tmp>"
+    assert normalize("OSError: /tmpfoo/x /home/u/tmp/x") == "OSError: /tmpfoo/x /home/u/tmp/x"
+    # each side's own environment: the same failure in .venv-stock and .venv
+    assert normalize("RuntimeError: no lib in /w/.venv-stock/lib/torch", ("/w/.venv-stock",)) == \
+        normalize("RuntimeError: no lib in /w/.venv/lib/torch", ("/w/.venv",))
+    assert normalize("AssertionError: add(x, 1)") != normalize("AssertionError: opaque_region(x)")
