@@ -101,6 +101,11 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
             torch._functorch.config.patch(enable_autograd_cache=False)
         )
         self._stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False))
+        # The first call runs op by op, the later ones the regions: tests that
+        # call more than once see both.
+        self._stack.enter_context(
+            torch._dynamo.config.patch(fake_mode_region_after_calls=1)
+        )
         self.inductor_compiles = 0
         compile_fx = torch._inductor.compile_fx
         compile_fx_inner = compile_fx._compile_fx_inner
@@ -269,7 +274,7 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
         mode = FakeTensorMode()
         with mode:
             x = torch.randn(4, 3, requires_grad=requires_grad)
-            for _ in range(torch._dynamo.config.fake_mode_region_after_calls + 1):
+            for _ in range(2):
                 fn(x)
             self.assertEqual(regions_compiled(), 1)
             before = FakeTensorMode.cache_info()
@@ -743,7 +748,7 @@ class GraphModule(torch.nn.Module):
             ref = rotary(x, freqs)
             ref.sum().backward()
             ref_grad, x.grad = x.grad, None
-            for _ in range(torch._dynamo.config.fake_mode_region_after_calls + 2):
+            for _ in range(3):
                 out = compiled(x, freqs)
                 out.sum().backward()
                 self.assertOwnedLikeEager(out, ref, mode)
@@ -761,7 +766,7 @@ class GraphModule(torch.nn.Module):
             a = torch.randn(3, dtype=torch.complex64).conj()
             b = torch.randn(3, dtype=torch.complex64)
             self.assertTrue(a.is_conj())
-            for _ in range(torch._dynamo.config.fake_mode_region_after_calls + 2):
+            for _ in range(3):
                 self.assertOwnedLikeEager(compiled(a, b), fn(a, b), mode)
 
     @parametrize("backend", BACKENDS)
@@ -783,7 +788,7 @@ class GraphModule(torch.nn.Module):
             ref.sum().backward()
             ref_grads = [p.grad for p in enc.parameters()]
             compiled = torch.compile(enc, backend=backend)
-            for _ in range(torch._dynamo.config.fake_mode_region_after_calls + 2):
+            for _ in range(3):
                 enc.zero_grad(set_to_none=True)
                 out = compiled(x)
                 out.sum().backward()
@@ -853,7 +858,7 @@ class GraphModule(torch.nn.Module):
             x = torch.randn(4, 3)
             with DebugMode() as eager:
                 fn(x)
-            for _ in range(torch._dynamo.config.fake_mode_region_after_calls + 1):
+            for _ in range(2):
                 compiled(x)
             with DebugMode() as debug_mode:
                 compiled(x)
@@ -882,7 +887,7 @@ class GraphModule(torch.nn.Module):
         mode = FakeTensorMode()
         eager = ops_seen_by_policy(fn, mode)
         compiled = torch.compile(fn, backend=backend)
-        for _ in range(torch._dynamo.config.fake_mode_region_after_calls + 2):
+        for _ in range(3):
             self.assertEqual(ops_seen_by_policy(compiled, mode), eager)
 
     # 17. Backends that rewrite the graph they are given in place.
