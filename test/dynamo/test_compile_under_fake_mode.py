@@ -8,8 +8,9 @@ See Note [Inheriting the ambient FakeTensorMode] in torch/_dynamo/output_graph.p
 import contextlib
 import functools
 import gc
+import importlib.util
 import threading
-import weakref
+import unittest
 from unittest import mock
 
 import torch
@@ -34,7 +35,6 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
 )
-from torch.utils._debug_mode import DebugMode
 from torch.utils.checkpoint import (
     checkpoint,
     CheckpointPolicy,
@@ -43,7 +43,24 @@ from torch.utils.checkpoint import (
 from torch.utils.flop_counter import FlopCounterMode
 
 
+try:
+    from torch.utils._debug_mode import DebugMode
+except ImportError:  # added in torch 2.10
+    DebugMode = None
+
+
 BACKENDS = ["eager", "aot_eager", "inductor"]
+
+# The same file runs against every patched release; a test of a feature a
+# release lacks is skipped, naming the feature.
+HAS_DEBUG_MODE = DebugMode is not None
+HAS_AOT_COMPILE = hasattr(torch.compile(lambda x: x), "aot_compile")
+HAS_FORCE_COMPILE_DURING_FX_TRACE = hasattr(
+    torch._dynamo.config, "force_compile_during_fx_trace"
+)
+HAS_PRECOMPILE_PACKAGE = (
+    importlib.util.find_spec("torch._dynamo.precompile_package") is not None
+)
 
 
 def meta_of(t):
@@ -724,6 +741,11 @@ class GraphModule(torch.nn.Module):
         self.assertEqual(ep.module()(x), M()(x))
         self.assertNoRegion(ep.run_decompositions().graph_module)
 
+    @unittest.skipUnless(
+        HAS_FORCE_COMPILE_DURING_FX_TRACE,
+        "make_fx traces through compiled functions (force_compile_during_fx_trace)"
+        " since torch 2.11",
+    )
     def test_make_fx_through_compiled_function_is_unchanged(self):
         fn = torch.compile(lambda x: x.sin() + 1, backend="eager")
         graphs = []
@@ -817,6 +839,9 @@ class GraphModule(torch.nn.Module):
         self.assertEqual(str(compiled.exception), str(eager.exception))
 
     # 15. Guards.
+    @unittest.skipUnless(
+        HAS_PRECOMPILE_PACKAGE, "torch._dynamo.precompile_package was added in 2.15"
+    )
     def test_fake_tensor_mode_guard_is_classified_for_precompile(self):
         from torch._dynamo import precompile_package
 
@@ -831,10 +856,14 @@ class GraphModule(torch.nn.Module):
 
     @parametrize("backend", BACKENDS)
     def test_skip_all_guards_unsafe_never_serves_fake_calls_real_code(self, backend):
+        def skip_all_guards_unsafe(guard_entries):
+            # torch.compiler.skip_all_guards_unsafe, which older releases lack
+            return [False] * len(guard_entries)
+
         fn = torch.compile(
             lambda x: x * 2 + 1,
             backend=backend,
-            options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe},
+            options={"guard_filter_fn": skip_all_guards_unsafe},
         )
         real = torch.randn(4)
         self.assertEqual(fn(real), real * 2 + 1)
@@ -848,6 +877,7 @@ class GraphModule(torch.nn.Module):
 
     # 16. Dispatch modes that see eager's ops, and that compile (DebugMode,
     # selective activation checkpointing's caching modes).
+    @unittest.skipUnless(HAS_DEBUG_MODE, "DebugMode was added in torch 2.10")
     @parametrize("backend", BACKENDS)
     def test_debug_mode_sees_eager_ops(self, backend):
         def fn(x):
@@ -918,6 +948,7 @@ class GraphModule(torch.nn.Module):
         self.assertEqual(region_cache_keys(), [])
 
     # 19. The captured mode belongs to the thread that compiles.
+    @unittest.skipUnless(HAS_AOT_COMPILE, "aot_compile was added in torch 2.9")
     def test_ambient_fake_mode_is_per_thread(self):
         # Thread A compiles under a fake mode and waits inside its backend;
         # meanwhile thread B compiles a function for real calls through
