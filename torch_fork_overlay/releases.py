@@ -63,7 +63,11 @@ class Serving:
     release: str  # the torch asked about, e.g. "2.9.0", "2.13.0+cpu"
     series: Series
     match: str  # the touched files: PRISTINE, PATCHED, MIXED (some of each) or NONE
-    own: bool  # the series is the folder made for this release
+    own_folder: str | None  # the folder release made for this release (``own_release``), if any
+
+    @property
+    def own(self) -> bool:
+        return self.series.version == self.own_folder
 
     def describe(self) -> str:
         """What ``status`` prints after ``served by:``: ``series v2.9.1: touched
@@ -76,7 +80,9 @@ class Serving:
                     "neither its pristine nor its patched sha256")
         if self.own:
             return f"{s} (this release's own)"
-        return f"{s}: touched files identical (no folder v{base_version(self.release)})"
+        if self.own_folder is None:
+            return f"{s}: touched files identical (no folder v{base_version(self.release)})"
+        return f"{s}: touched files identical (they differ from those v{self.own_folder} was made for)"
 
 
 def manifest_match(manifest: dict[str, dict[str, str | None]], hash_of: HashOf) -> str:
@@ -138,8 +144,7 @@ def find_serving(
     hash_of = cached(hash_of)
     skipped = []
     for cand in candidates(version, supported, applied=applied):
-        is_own = cand == own
-        if is_own or cand == applied:
+        if cand in (own, applied):
             series = load_series(cand, patches_dir=root)  # its own errors are worth seeing
             manifest = series.manifest
         else:
@@ -152,13 +157,13 @@ def find_serving(
                 continue  # only created files: nothing to compare
         match = manifest_match(manifest, hash_of)
         if match != NONE:
-            if not (is_own or cand == applied):
+            if cand not in (own, applied):
                 series = load_series(cand, patches_dir=root)
-            return Serving(release=version, series=series, match=match, own=is_own)
+            return Serving(release=version, series=series, match=match, own_folder=own)
     fallback = applied if applied in supported else own
     if fallback is not None:
         return Serving(release=version, series=load_series(fallback, patches_dir=root), match=NONE,
-                       own=fallback == own)
+                       own_folder=own)
     raise refusal(version, what=what, root=root, supported=supported, skipped=skipped, next=next)
 
 
