@@ -45,11 +45,11 @@ from .errors import OverlayError
 from .series import (
     MANIFEST,
     Series,
-    _read_manifest,
     base_version,
     load_series,
     own_release,
     patches_root,
+    read_manifest,
     supported_versions,
 )
 
@@ -149,7 +149,7 @@ def find_serving(
             manifest = series.manifest
         else:
             try:
-                manifest = _read_manifest(root / f"v{cand}" / MANIFEST, cand)
+                manifest = read_manifest(root / f"v{cand}" / MANIFEST, cand)
             except (OverlayError, OSError) as e:
                 skipped.append(f"v{cand} ({getattr(e, 'what', e)})")
                 continue

@@ -243,7 +243,7 @@ def load_series(
     manifest: dict[str, dict[str, str | None]] = {}
     mpath = d / MANIFEST
     if mpath.is_file():
-        manifest = _read_manifest(mpath, base)
+        manifest = read_manifest(mpath, base)
     series = Series(version=base, dir=d, patches=patches, manifest=manifest)
     needed = {f for p in series.install_patches() for f in p.files}
     missing = sorted(needed - set(manifest))
@@ -259,7 +259,7 @@ def load_series(
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def _read_manifest(mpath: Path, base: str) -> dict[str, dict[str, str | None]]:
+def read_manifest(mpath: Path, base: str) -> dict[str, dict[str, str | None]]:
     problem = None
     try:
         files = json.loads(mpath.read_bytes().decode("utf-8"))["files"]

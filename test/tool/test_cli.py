@@ -7,7 +7,7 @@ import pytest
 from conftest import run_cli, tree_digest
 
 
-@pytest.mark.parametrize("cmd", ["status", "apply", "revert", "wheel", "refresh"])
+@pytest.mark.parametrize("cmd", ["status", "apply", "revert", "wheel", "refresh", "releases"])
 def test_help(cmd):
     cp = run_cli(cmd, "--help")
     assert cp.returncode == 0
