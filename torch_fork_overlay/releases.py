@@ -261,6 +261,8 @@ def releases_table(*, patches_dir=None, summary: str | os.PathLike[str] | None =
         if run is not None:
             installed = run.get("installed") or "?"
             tests = "seed case stock + patched; " + run.get("tests", "contract tests")
+            if release == default:
+                tests = "tools/test: the whole suite (test/); tools/test-releases: " + tests
             result = run.get("result", "?") + f" (torch {installed}, {_duration(run.get('seconds', 0))}"
             result += f", {when[:10]})" if when else ")"
         elif release == default:

@@ -88,7 +88,8 @@ def test_every_folder_but_the_default_oldest_first(tmp_path):
 
 def test_env_var_limits_the_releases(tmp_path):
     root = patches(tmp_path, "2.15.0", "2.13.0", "2.9.1")
-    cp = dry_run(tmp_path, root, TORCH_FORK_OVERLAY_RELEASES=" 2.13.0, 2.9.0  2.13.0 2.15.0", PYTEST_JOBS="4")
+    cp = dry_run(tmp_path, root, TORCH_FORK_OVERLAY_RELEASES=" 2.13.0, 2.9.0  2.13.0 2.15.0", PYTEST_JOBS="4",
+                 TORCH_FORK_OVERLAY_RELEASES_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu")
     assert cp.returncode == 0, cp.stderr
     lines = cp.stdout.splitlines()
     assert lines[:4] == [
@@ -98,6 +99,8 @@ def test_env_var_limits_the_releases(tmp_path):
         f"  2.15.0: series {root / 'v2.15.0'}",
     ]
     assert sum(" -n 4 " in l for l in lines) == 3
+    assert [l for l in lines if " install " in l][0].endswith(
+        " -m pip install -q torch==2.13.0 -r requirements-dev.txt --index-url https://download.pytorch.org/whl/cpu")
 
 
 def test_bad_release_in_env_var(tmp_path):
