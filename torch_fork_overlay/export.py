@@ -155,9 +155,9 @@ def filter_patch(text: str, *, test_plan: list[str], author: str | None = None) 
 def _resolve_base(base: str | None, patches_dir) -> tuple[str, Series | None]:
     """(base, its series); the series is None for a release without a folder
     of its own, which only the checkout's files can match (``_serving_base``)."""
-    if base is None:
-        supported = supported_versions(patches_dir)
-        base = f"v{supported[-1]}" if supported else "v0"
+    if base is None:  # the newest release (a folder with a local label is no tag)
+        plain = [v for v in supported_versions(patches_dir) if "+" not in v]
+        base = f"v{plain[-1]}" if plain else "v0"
     if base == "main":
         supported = supported_versions(patches_dir)
         if not supported:
