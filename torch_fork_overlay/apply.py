@@ -250,8 +250,9 @@ def serving_of(inst: TorchInstall, *, patches_dir=None) -> Serving:
         state = st.read_state(inst.torch_dir, reinstall=inst.reinstall)
     except OverlayError:
         state = None  # reported by the locked run (apply / revert) or by status
+    applied = str(state["series"]) if state and state.get("series") else None
     return find_serving(inst.version, hash_of=file_hasher(inst.site_packages), what=_describe(inst),
-                        patches_dir=patches_dir, applied=str(state["series"]) if state and state.get("series") else None)
+                        patches_dir=patches_dir, applied=applied)
 
 
 def _apply_locked(inst: TorchInstall, series: Series, *, out: Printer, serving: Serving | None = None) -> str:

@@ -9,8 +9,8 @@ import os
 from . import journal as jn
 from . import lock
 from . import state as st
-from .errors import OverlayError
 from .apply import serving_of
+from .errors import OverlayError
 from .locate import TorchInstall, locate
 from .releases import NONE
 from .series import supported_versions

@@ -3,7 +3,6 @@ the logic of test/test_stock_shows_the_bug.py that reads it, without torch."""
 
 from __future__ import annotations
 
-import os
 import stat
 import sys
 from pathlib import Path
