@@ -21,6 +21,9 @@ Environment variables honoured by the tests (test/):
       interpreters of the stock and the patched venv (set by tools/test)
   TORCH_FORK_OVERLAY_WHEEL
       the official torch wheel used by the wheel tests (default: .cache/wheels/torch-2.15.0-*.whl)
+  TORCH_FORK_OVERLAY_RELEASES
+      releases tools/test-releases runs, e.g. "2.9.1 2.13.0" (default: every patches/v<release>/
+      but the default release, which tools/test covers)
 
 The patch series under ``patches/`` is shipped as package data
 (``torch_fork_overlay/_patches``), so an installed tool works outside the

@@ -37,7 +37,8 @@ from . import state as st
 from .errors import OverlayError
 from .locate import TorchInstall, locate
 from .proc import run
-from .series import Series, load_series
+from .releases import NONE, Serving, file_hasher, find_serving
+from .series import Series
 
 Printer = Callable[[str], None]
 
@@ -117,8 +118,14 @@ def _readonly(path: Path, e: OSError, what: str) -> OverlayError:
         cause="the install is read-only: a system or shared site-packages, an immutable "
         "directory, a read-only mount, or owned by another user",
         next="rerun as the owner of that environment, or install a patched wheel into "
-        "your own venv: python -m torch_fork_overlay wheel --version 2.15.0",
+        f"your own venv: python -m torch_fork_overlay wheel --version {_release_of(what)}",
     )
+
+
+def _release_of(what: str) -> str:
+    """``torch 2.15.0+cu132 at DIR`` -> ``2.15.0`` (for the next command of an error)."""
+    parts = what.split()
+    return parts[1].split("+")[0] if len(parts) > 1 and parts[0] == "torch" else "<release>"
 
 
 def _check_space(where: Path, need: int, *, what: str) -> None:
@@ -219,7 +226,8 @@ def apply_to_install(
     revert (a journal on disk) is rolled back first, then the series applied.
     """
     inst = locate(python=python, site_packages=site_packages)
-    series = load_series(inst.version, patches_dir=patches_dir)
+    serving = serving_of(inst, patches_dir=patches_dir)
+    series = serving.series
     if not series.install_patches():
         raise OverlayError(
             f"the v{series.version} series in {series.dir} has no patch to apply to an install "
@@ -229,18 +237,33 @@ def apply_to_install(
         )
     with install_lock(inst, out=out):
         recovered = _recover(inst, rels=sorted(series.manifest), out=out)
-        msg = _apply_locked(inst, series, out=out)
+        msg = _apply_locked(inst, series, out=out, serving=serving)
     if recovered is not None:
         msg = f"rolled back the interrupted {recovered.op}, then: {msg}"
     return msg
 
 
-def _apply_locked(inst: TorchInstall, series: Series, *, out: Printer) -> str:
+def serving_of(inst: TorchInstall, *, patches_dir=None) -> Serving:
+    """The series serving this install, by the hashes of its files (``releases``);
+    the series its state file names is tried first."""
+    try:
+        state = st.read_state(inst.torch_dir, reinstall=inst.reinstall)
+    except OverlayError:
+        state = None  # reported by the locked run (apply / revert) or by status
+    applied = str(state["series"]) if state and state.get("series") else None
+    return find_serving(inst.version, hash_of=file_hasher(inst.site_packages), what=_describe(inst),
+                        patches_dir=patches_dir, applied=applied)
+
+
+def _apply_locked(inst: TorchInstall, series: Series, *, out: Printer, serving: Serving | None = None) -> str:
     sp, torch_dir, files = inst.site_packages, inst.torch_dir, series.manifest
     data = {rel: _read(sp / rel) for rel in files}  # read once: the bytes backed up are the bytes checked
     states = {rel: _classify(data[rel], v) for rel, v in files.items()}
     out(f"checked: torch {inst.version} (git {inst.git_version}) at {inst.torch_dir}; "
-        f"series {series.dir}; {len(files)} file(s): "
+        f"series {series.dir}"
+        + (f" (served by {serving.describe()})" if serving is not None and serving.match != NONE
+           and not serving.own else "")
+        + f"; {len(files)} file(s): "
         + ", ".join(f"{r} {s}" for r, s in sorted(states.items())))
     state = st.read_state(torch_dir, reinstall=inst.reinstall)
     if all(s == st.PATCHED for s in states.values()):

@@ -50,7 +50,9 @@ def _install_command(sub, name: str, help: str, description: str, module: str, f
 
 def _add_status(sub) -> None:
     _install_command(sub, "status", "show the installed torch and its patch state",
-                     "Show torch version, git_version, path, the matching series, "
+                     "Show torch version, git_version, path, the series that serves it (its own "
+                     "folder, or one whose touched files are byte-identical: 'served by series "
+                     "v2.9.1: touched files identical'), "
                      "an apply / revert in progress or interrupted (and how to finish it) "
                      "and, per touched file, pristine / patched / unknown.",
                      "status", "status_report")
@@ -58,7 +60,8 @@ def _add_status(sub) -> None:
 
 def _add_apply(sub) -> None:
     _install_command(sub, "apply", "patch the installed torch (atomic, idempotent)",
-                     "Apply the series matching the installed torch; patches under "
+                     "Apply the series serving the installed torch (its own folder, or the one whose "
+                     "manifest finds its touched files byte-identical); patches under "
                      "test/ are skipped. Checks everything first; on failure nothing changes. "
                      "An interrupted apply or revert is rolled back first. One run per install "
                      "at a time ($TORCH_FORK_OVERLAY_LOCK_TIMEOUT: seconds to wait, default 60).",
@@ -76,9 +79,13 @@ def _add_revert(sub) -> None:
 def _add_wheel(sub) -> None:
     p = sub.add_parser("wheel", help="build a patched wheel from the official one",
                        description="Repack the official torch wheel with the series applied and a "
-                       "local version label appended (2.15.0+cu132 -> 2.15.0+cu132.fakemode.1).")
+                       "local version label appended (2.15.0+cu132 -> 2.15.0+cu132.fakemode.1, "
+                       "2.13.0+cpu -> 2.13.0+cpu.fakemode.1). The series is the one whose manifest "
+                       "finds the wheel's touched files byte-identical, so --version X without a "
+                       "folder vX downloads X first to compare them.")
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--version", help="release to fetch with pip download, e.g. 2.15.0")
+    g.add_argument("--version", help="release to fetch with pip download, e.g. 2.15.0 (whatever "
+                   "build pip picks: torch==2.13.0 may be 2.13.0+cpu)")
     g.add_argument("--wheel", metavar="PATH", help="the official wheel file")
     p.add_argument("--out-dir", default="dist", help="where to write the wheel (default: dist)")
     p.add_argument("--label", default="fakemode.1", help="local version label to append")
@@ -143,7 +150,9 @@ def _add_export(sub) -> None:
                        "tests) with PR-style messages, project-only trailers stripped. Prints the next "
                        "commands (ghstack or git push) and runs none of them.")
     p.add_argument("--pytorch-src", required=True, metavar="DIR", help="PyTorch git checkout (repository root)")
-    p.add_argument("--base", default="v2.15.0", help="v<release> (a supported series) or main (default: v2.15.0)")
+    p.add_argument("--base", help="v<release> or main (default: v<the newest supported release>); a release "
+                   "without a folder of its own is served by the series whose manifest finds the checkout's "
+                   "touched files byte-identical")
     p.add_argument("--branch", help="branch to create (default: torch-fork-overlay/fakemode-<base>)")
     p.add_argument("--keep-author", action="store_true",
                    help="keep the patch files' authors (default: you, as git's author identity says)")
@@ -237,8 +246,30 @@ def _add_source_build(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _add_releases(sub) -> None:
+    p = sub.add_parser("releases", help="list the supported releases and their last test results",
+                       description="One row per series folder (patches/v<release>/): release, series, "
+                       "what it touches, the tests the last tools/test-releases run ran on it and their "
+                       "result (from build/releases/summary.json). --markdown prints the README's "
+                       "'Supported releases' table.")
+    p.add_argument("--markdown", action="store_true", help="a markdown table (for the README)")
+    p.add_argument("--summary", metavar="FILE",
+                   help="summary of a tools/test-releases run (default: build/releases/summary.json)")
+    p.add_argument("--default", metavar="RELEASE",
+                   help="the release tools/test covers (default: torch== in requirements.txt, if found)")
+    _patches(p)
+
+    def run(a):
+        from . import releases as r
+        default = a.default or r.default_release()
+        rows = r.releases_table(patches_dir=a.patches_dir, summary=a.summary, default=default)
+        print(r.format_table(rows, markdown=a.markdown))
+
+    p.set_defaults(func=run)
+
+
 SUBCOMMANDS: list[Callable] = [_add_status, _add_apply, _add_revert, _add_wheel, _add_refresh]
-SUBCOMMANDS += [_add_export, _add_upstream_tests, _add_source_build]
+SUBCOMMANDS += [_add_export, _add_upstream_tests, _add_source_build, _add_releases]
 
 
 def build_parser() -> argparse.ArgumentParser:

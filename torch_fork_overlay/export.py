@@ -31,7 +31,8 @@ from packaging.version import Version
 
 from . import checkout as co
 from .errors import OverlayError
-from .series import Patch, Series, load_series, supported_versions
+from .releases import file_hasher, find_serving
+from .series import Patch, Series, load_series, own_release, patches_root, supported_versions
 
 #: Trailers that only mean something inside this project (DEP-3 style).
 PROJECT_TRAILERS = ("Applies-To", "Forwarded", "Last-Update")
@@ -151,7 +152,12 @@ def filter_patch(text: str, *, test_plan: list[str], author: str | None = None) 
 # --- the export ----------------------------------------------------------------
 
 
-def _resolve_base(base: str, patches_dir) -> tuple[str, Series]:
+def _resolve_base(base: str | None, patches_dir) -> tuple[str, Series | None]:
+    """(base, its series); the series is None for a release without a folder
+    of its own, which only the checkout's files can match (``_serving_base``)."""
+    if base is None:  # the newest release (a folder with a local label is no tag)
+        plain = [v for v in supported_versions(patches_dir) if "+" not in v]
+        base = f"v{plain[-1]}" if plain else "v0"
     if base == "main":
         supported = supported_versions(patches_dir)
         if not supported:
@@ -164,6 +170,14 @@ def _resolve_base(base: str, patches_dir) -> tuple[str, Series]:
             next="python -m torch_fork_overlay export --pytorch-src DIR --base v2.15.0",
         )
     version = base[1:] if base.startswith("v") else base
+    if own_release(version, patches_dir) is None and supported_versions(patches_dir):
+        if Version(version).base_version != version:
+            raise OverlayError(
+                f"--base {base} is not a release tag",
+                cause="--base takes a release tag such as v2.15.0, or main",
+                next=f"python -m torch_fork_overlay export --base v{supported_versions(patches_dir)[-1]} ...",
+            )
+        return f"v{version}", None
     series = load_series(version, patches_dir=patches_dir)
     if Version(version).base_version != version:
         raise OverlayError(
@@ -172,6 +186,33 @@ def _resolve_base(base: str, patches_dir) -> tuple[str, Series]:
             next=f"python -m torch_fork_overlay export --base v{series.version} ...",
         )
     return f"v{series.version}", series
+
+
+def _serving_base(src: Path, base: str, patches_dir) -> Series:
+    """The series for a release tag without a folder of its own: the one whose
+    manifest finds the checkout's touched files byte-identical (``releases``).
+    The checkout must be that release, or its files would say nothing about it."""
+    version = base[1:]
+    v = co.read_version(src)
+    supported = supported_versions(patches_dir)
+    if v.base != version:
+        raise OverlayError(
+            f"no patch series for torch {version} in {patches_root(patches_dir)}: there is no {base}/, "
+            f"and {src} is torch {v.raw} (version.txt), not {version}, so its files cannot show "
+            f"which series would serve {version}",
+            cause=f"this project supports torch {', '.join(supported)}; a release without a folder is "
+            "served by a series only when the files that series touches are byte-identical in it, "
+            "which export checks on a checkout of that release",
+            next=f"git -C {src} checkout {base} (git -C {src} fetch --tags first if the tag is missing), "
+            f"then rerun; or export a supported release: --base v{supported[-1]}",
+        )
+    serving = find_serving(
+        version, hash_of=file_hasher(src), what=f"{src}, torch {v.raw} (version.txt, --base {base})",
+        patches_dir=patches_dir,
+        next=f"export a supported release instead: git -C {src} checkout v{supported[-1]}, then "
+        f"python -m torch_fork_overlay export --pytorch-src {src} --base v{supported[-1]}",
+    )
+    return serving.series
 
 
 def _check_base(src: Path, base: str, series: Series, sha: str) -> None:
@@ -186,7 +227,7 @@ def _check_base(src: Path, base: str, series: Series, sha: str) -> None:
                 next=f"git -C {src} fetch origin && git -C {src} checkout origin/main, or {cmd} --base v{v.base}",
             )
         return
-    if v.base != series.version:
+    if v.base != base[1:]:
         raise OverlayError(
             f"{src} is torch {v.raw} (version.txt), not the {base} it is exported onto",
             cause=f"the checkout is another release; the series in this project is made for {series.version}",
@@ -213,13 +254,17 @@ def _check_base(src: Path, base: str, series: Series, sha: str) -> None:
 def export(
     *,
     pytorch_src: str | os.PathLike[str],
-    base: str = "v2.15.0",
+    base: str | None = None,
     branch: str | None = None,
     keep_author: bool = False,
     patches_dir: str | os.PathLike[str] | None = None,
     echo: Callable[[str], None] = print,
 ) -> ExportResult:
     """Check ``pytorch_src`` and commit the series onto a new branch there.
+
+    ``base`` is ``v<release>`` (default: the newest supported release) or
+    ``main``.  A release without a folder of its own is exported with the
+    series that serves it, decided by the checkout's files (``releases``).
 
     The commits are authored by the person exporting (git's author identity in
     the checkout), who submits the PR and signs PyTorch's CLA; ``keep_author``
@@ -238,6 +283,8 @@ def export(
             cause="export needs a clean tree so the branch holds only the series",
             next=f"git -C {src} stash (or commit them elsewhere), then rerun",
         )
+    if series is None:
+        series = _serving_base(src, base, patches_dir)
     touched = {f for p in series.patches for f in p.files}
     clash = sorted(set(untracked) & touched)
     if clash:

@@ -5,6 +5,12 @@ apply order (``#`` starts a comment), each patch is a ``git format-patch`` file
 whose paths are ``-p1`` relative to the PyTorch repository root, and
 ``manifest.json`` records, for every touched file outside ``test/``, the
 sha256 of the pristine file of that release and of the fully patched result.
+
+A folder is named after the release it was made for, ``v2.15.0``; a local
+label belongs in the name only when that build's touched files differ from
+the plain release's (``v2.13.0+cpu``).  Other files in a folder (a README
+saying how this release's series differs from the newest one) are ignored.
+Which series serves a given torch is decided by hashes: see ``releases``.
 """
 
 from __future__ import annotations
@@ -152,9 +158,13 @@ def parse_patch_files(path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(files), tuple(new)
 
 
+def patches_root(patches_dir: str | os.PathLike[str] | None = None) -> Path:
+    return Path(patches_dir) if patches_dir is not None else default_patches_dir()
+
+
 def supported_versions(patches_dir: str | os.PathLike[str] | None = None) -> list[str]:
     """Releases that have a series, oldest first (``["2.15.0"]``)."""
-    root = Path(patches_dir) if patches_dir is not None else default_patches_dir()
+    root = patches_root(patches_dir)
     out = []
     if root.is_dir():
         for d in root.iterdir():
@@ -177,20 +187,33 @@ def read_series_names(series_file: Path) -> list[str]:
     return names
 
 
+def own_release(version: str, patches_dir: str | os.PathLike[str] | None = None) -> str | None:
+    """The folder release made for ``version``: ``v<version>`` itself when it
+    exists (``2.13.0+cpu``), else ``v<base version>``; None when neither has a
+    series.  Only the folder name is looked at: whether that series really
+    serves a given torch is for its hashes to say (``releases``)."""
+    root = patches_root(patches_dir)
+    base = base_version(version)
+    for cand in dict.fromkeys([version, base]):
+        if (root / f"v{cand}" / SERIES).is_file():
+            return cand
+    return None
+
+
 def load_series(
     version: str,
     *,
     patches_dir: str | os.PathLike[str] | None = None,
     require_manifest: bool = True,
 ) -> Series:
-    """Load ``patches/v<base version of version>/``.
+    """Load the series folder made for ``version`` (see ``own_release``).
 
-    Raises ``OverlayError`` when there is no series for the release (listing
-    the supported ones), a listed patch is missing, a patch path escapes the
+    Raises ``OverlayError`` when there is no such folder (listing the
+    supported releases), a listed patch is missing, a patch path escapes the
     repository root, or the manifest does not cover the touched files.
     """
-    root = Path(patches_dir) if patches_dir is not None else default_patches_dir()
-    base = base_version(version)
+    root = patches_root(patches_dir)
+    base = own_release(version, root) or base_version(version)
     d = root / f"v{base}"
     if not (d / SERIES).is_file():
         supported = supported_versions(root)
@@ -220,7 +243,7 @@ def load_series(
     manifest: dict[str, dict[str, str | None]] = {}
     mpath = d / MANIFEST
     if mpath.is_file():
-        manifest = _read_manifest(mpath, base)
+        manifest = read_manifest(mpath, base)
     series = Series(version=base, dir=d, patches=patches, manifest=manifest)
     needed = {f for p in series.install_patches() for f in p.files}
     missing = sorted(needed - set(manifest))
@@ -236,7 +259,7 @@ def load_series(
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def _read_manifest(mpath: Path, base: str) -> dict[str, dict[str, str | None]]:
+def read_manifest(mpath: Path, base: str) -> dict[str, dict[str, str | None]]:
     problem = None
     try:
         files = json.loads(mpath.read_bytes().decode("utf-8"))["files"]

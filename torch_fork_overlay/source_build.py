@@ -4,15 +4,17 @@ Called by ``CMakeLists.txt`` (``--check-only`` at configure time, the full
 run from the ``torch_wheel`` target) and usable on its own.  Steps:
 
 1. check the checkout: repository root with ``setup.py`` and ``version.txt``;
-   a series for its release; every touched file pristine or already patched
-   (manifest sha256); git submodules populated; for ``--use-cuda ON`` an
+   a series that serves it (``releases``: its own folder, or one whose
+   manifest finds the touched files byte-identical); every touched file
+   pristine or already patched (manifest sha256); git submodules populated; for ``--use-cuda ON`` an
    ``nvcc``; for a real build, PyTorch's build requirements importable;
 2. apply the series with ``apply.patch_tree`` (the one apply implementation),
    tests included, through a staging copy of the touched files so a failure
    leaves the checkout as it was; a checkout already patched is left alone;
 3. run PyTorch's own build, ``python -m pip wheel . --no-build-isolation
    --no-deps`` (setup.py through pip, as PyTorch's README documents for 2.x),
-   with ``PYTORCH_BUILD_VERSION=<release>+<label>``, ``PYTORCH_BUILD_NUMBER``,
+   with ``PYTORCH_BUILD_VERSION=<release>+<label>`` (the checkout's release,
+   from ``version.txt``, even when a sibling release's series serves it), ``PYTORCH_BUILD_NUMBER``,
    ``USE_CUDA``, ``MAX_JOBS`` and the caller's ``CMAKE_*`` environment.
 
 With ``--dry-run`` (or ``TORCH_FORK_OVERLAY_DRY_RUN=1``) step 3 prints the exact
@@ -39,7 +41,8 @@ from . import checkout as co
 from . import proc
 from .apply import patch_tree
 from .errors import OverlayError
-from .series import Series, load_series, supported_versions
+from .releases import file_hasher, find_serving
+from .series import Series, supported_versions
 
 ENV_DRY_RUN = "TORCH_FORK_OVERLAY_DRY_RUN"
 #: The caller's environment reaches PyTorch's build unchanged; these variables
@@ -56,6 +59,7 @@ class BuildPlan:
     src: Path
     series: Series
     state: str  # the touched files before this run: "pristine" | "patched"
+    release: str  # the checkout's release (version.txt), e.g. "2.15.0"
     command: list[str]
     env: dict[str, str]  # added to the caller's environment
     dist_dir: Path
@@ -71,8 +75,8 @@ class BuildPlan:
 # --- checks ------------------------------------------------------------------
 
 
-def check_checkout(*, pytorch_src, patches_dir=None) -> tuple[Path, Series, str]:
-    """Return (root, series, "pristine" | "patched"); raise if the checkout does not match."""
+def check_checkout(*, pytorch_src, patches_dir=None) -> tuple[Path, Series, str, str]:
+    """Return (root, series, "pristine" | "patched", release); raise if the checkout does not match."""
     src = co.require_source_dir(pytorch_src, command="source-build")
     if not (src / "setup.py").is_file():
         raise OverlayError(
@@ -82,16 +86,13 @@ def check_checkout(*, pytorch_src, patches_dir=None) -> tuple[Path, Series, str]
         )
     v = co.read_version(src)
     supported = supported_versions(patches_dir)
-    if v.base not in supported:
-        raise OverlayError(
-            f"{src} is torch {v.raw} (version.txt); there is no patch series for torch {v.base}",
-            cause=f"this project supports torch {', '.join(supported) or '(none)'}",
-            next=(f"git -C {src} checkout v{supported[-1]} && git -C {src} submodule update --init --recursive, "
-                  "then rerun" if supported else "point --patches-dir at a patches/ folder"),
-        )
-    series = load_series(v.base, patches_dir=patches_dir)
-    state = co.require_matching_files(src, series, allow_patched=True, command="source-build")
-    return src, series, state
+    serving = find_serving(
+        v.raw, hash_of=file_hasher(src), what=f"{src}, torch {v.raw} (version.txt)", patches_dir=patches_dir,
+        next=(f"git -C {src} checkout v{supported[-1]} && git -C {src} submodule update --init --recursive, "
+              "then rerun" if supported else None),
+    )
+    state = co.require_matching_files(src, serving.series, allow_patched=True, command="source-build")
+    return src, serving.series, state, v.base
 
 
 def check_submodules(src: Path) -> None:
@@ -219,8 +220,9 @@ def apply_series(src: Path, series: Series, state: str, echo: Callable[[str], No
 
 def make_plan(*, src: Path, series: Series, state: str, use_cuda: bool, max_jobs: int | None,
               label: str, build_number: str, python: str, cuda: tuple[str, str] | None,
-              dist_dir: Path) -> BuildPlan:
-    version = f"{series.version}+{label}"
+              dist_dir: Path, release: str | None = None) -> BuildPlan:
+    release = release or series.version
+    version = f"{release}+{label}"
     try:
         if Version(version).local != label.lower():
             raise InvalidVersion(version)
@@ -246,7 +248,7 @@ def make_plan(*, src: Path, series: Series, state: str, use_cuda: bool, max_jobs
         env["CUDACXX"] = str(Path(cuda[0]) / "bin" / "nvcc")
     command = [python, "-m", "pip", "wheel", ".", "--no-build-isolation", "--no-deps", "-v",
                "-w", str(dist_dir)]
-    return BuildPlan(src=src, series=series, state=state, command=command, env=env,
+    return BuildPlan(src=src, series=series, state=state, release=release, command=command, env=env,
                      dist_dir=dist_dir, cuda=cuda)
 
 
@@ -269,13 +271,14 @@ def source_build(
     if dry_run is None:
         dry_run = os.environ.get(ENV_DRY_RUN, "") not in ("", "0")
     python = python or sys.executable
-    src, series, state = check_checkout(pytorch_src=pytorch_src, patches_dir=patches_dir)
+    src, series, state, release = check_checkout(pytorch_src=pytorch_src, patches_dir=patches_dir)
     check_submodules(src)
     cuda = find_cuda(cuda_home) if use_cuda else None
     plan = make_plan(src=src, series=series, state=state, use_cuda=use_cuda, max_jobs=max_jobs,
                      label=label, build_number=build_number, python=python, cuda=cuda,
-                     dist_dir=Path(dist_dir).resolve())
-    echo(f"source-build: {src} is torch {series.version} ({state}); series v{series.version} "
+                     dist_dir=Path(dist_dir).resolve(), release=release)
+    served = "" if release == series.version else ", which serves it: touched files identical"
+    echo(f"source-build: {src} is torch {release} ({state}); series v{series.version}{served} "
          f"({len(series.patches)} patch(es)); backend {'CUDA ' + cuda[1] + ' at ' + cuda[0] if cuda else 'CPU'}; "
          f"wheel version {plan.env['PYTORCH_BUILD_VERSION']}")
     if check_only:

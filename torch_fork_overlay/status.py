@@ -1,5 +1,6 @@
-"""``status``: what torch is installed and how it stands against our series,
-including a run in progress or one that was interrupted (see ``journal``)."""
+"""``status``: what torch is installed, which series serves it (decided by
+hashes, see ``releases``) and how it stands against that series, including a
+run in progress or one that was interrupted (see ``journal``)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import os
 from . import journal as jn
 from . import lock
 from . import state as st
+from .apply import serving_of
 from .errors import OverlayError
 from .locate import TorchInstall, locate
-from .series import load_series, supported_versions
+from .releases import NONE
+from .series import supported_versions
 
 
 def status_report(
@@ -27,15 +30,19 @@ def status_report(
         f"dist-info:     {inst.dist_info or '(none: not installed by pip)'}",
     ]
     try:
-        series = load_series(inst.version, patches_dir=patches_dir)
+        serving = serving_of(inst, patches_dir=patches_dir)
     except OverlayError as e:
         series = None
-        lines.append(f"series:        none for {inst.base_version} "
+        lines.append(f"series:        none for {inst.version} "
                      f"(supported: {', '.join(supported_versions(patches_dir)) or 'none'})")
         lines.append(f"               {e.what}")
     else:
+        series = serving.series
         lines.append(f"series:        {series.dir} ({len(series.patches)} patch(es), "
                      f"{len(series.install_patches())} for installs)")
+        lines.append(f"served by:     {serving.describe()}")
+        if serving.match == NONE:
+            lines.append("               (the files marked unknown below differ; apply refuses this install)")
     _run_lines(inst, lines, sorted(series.manifest) if series else [])
     if series is None:
         return "\n".join(lines)

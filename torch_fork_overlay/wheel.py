@@ -6,7 +6,13 @@ every file against the wheel's RECORD while extracting) and
 METADATA's Version and writes a fresh RECORD).  ``wheel pack`` *replaces*
 the local label, so we compute the full one ourselves: the existing label
 (``cu132``, from METADATA or, where METADATA carries none as in the official
-2.15.0 wheel, from ``torch/version.py``) plus ours: ``cu132.fakemode.1``.
+2.15.0 wheel, from ``torch/version.py``) plus ours: ``cu132.fakemode.1``;
+the CPU wheel ``2.13.0+cpu`` becomes ``2.13.0+cpu.fakemode.1``.
+
+The series is the one that serves the wheel's files (``releases``: by the
+sha256 of the files each series touches, read from the wheel).  So
+``--version X`` for a release without a folder ``vX`` must download X
+first: only its files can tell whether a series serves it.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from . import state as st
 from .apply import patch_tree
 from .errors import OverlayError
 from .proc import run
-from .series import load_series
+from .releases import find_serving, refusal
+from .series import base_version, own_release, patches_root, supported_versions
 
 DEFAULT_LABEL = "fakemode.1"
 ENV_CACHE = "TORCH_FORK_OVERLAY_CACHE"
@@ -74,7 +81,7 @@ def download_wheel(*, version: str, cache_dir: Path) -> Path:
         m = re.search(r"(?:Saved|File was already downloaded) (\S+\.whl)", line)
         if m:
             return Path(m.group(1))
-    found = sorted(dest.glob(f"torch-{version}-*.whl"))
+    found = sorted([*dest.glob(f"torch-{version}-*.whl"), *dest.glob(f"torch-{version}+*.whl")])
     if not found:
         raise OverlayError(
             f"pip download torch=={version} finished but left no wheel in {dest}",
@@ -84,13 +91,29 @@ def download_wheel(*, version: str, cache_dir: Path) -> Path:
     return found[-1]
 
 
-def _bad_wheel(path: Path, detail: str, cause: str) -> OverlayError:
+def _bad_wheel(path: Path, detail: str, cause: str, version: object = "<release>") -> OverlayError:
     return OverlayError(
         f"{path} is not a usable official torch wheel: {detail}",
         cause=cause,
         next="delete it and fetch the official wheel again: python -m torch_fork_overlay "
-        "wheel --version 2.15.0 (or pass --wheel with a good file)",
+        f"wheel --version {version} (or pass --wheel with a good file)",
     )
+
+
+def _hasher(zf: zipfile.ZipFile, path: Path, version: object):
+    """sha256 of a member of the wheel, read without unpacking it."""
+    names = set(zf.namelist())
+
+    def sha(rel: str) -> str | None:
+        if rel not in names:
+            return None
+        try:
+            return st.sha256_bytes(zf.read(rel))
+        except (zipfile.BadZipFile, OSError, EOFError) as e:
+            raise _bad_wheel(path, f"cannot read {rel} ({e})",
+                             "the download was truncated or the file is corrupt", version) from None
+
+    return sha
 
 
 def _local_of(unpacked: Path, dist_info: Path) -> tuple[str, str | None]:
@@ -151,8 +174,17 @@ def build_wheel(
             next="pass e.g. --label fakemode.1",
         ) from None
     t_all = time.monotonic()
+    downloaded = False
     if wheel_path is None:
-        load_series(version, patches_dir=patches_dir)  # fail fast before downloading
+        # fail fast before downloading when no series can serve it
+        root, supported = patches_root(patches_dir), supported_versions(patches_dir)
+        if own_release(version, root) is None:
+            if not supported:
+                raise refusal(version, what=f"torch {version}", root=root, supported=supported)
+            print(f"no folder v{base_version(version)} in {root}: downloading torch {version} first, "
+                  "to compare the files each supported series touches with their sha256 "
+                  f"(supported: {', '.join(supported)})")
+            downloaded = True
         with timed(f"fetching torch {version} with pip download"):
             wheel_path = download_wheel(
                 version=version, cache_dir=Path(cache_dir) if cache_dir else default_cache_dir()
@@ -162,19 +194,29 @@ def build_wheel(
         raise OverlayError(
             f"wheel file {wheel_path} does not exist",
             cause="the path is mistyped",
-            next="pass an existing file, or let the tool fetch it: --version 2.15.0",
+            next="pass an existing file, or let the tool fetch it: --version <release>",
         )
+    newest = (supported_versions(patches_dir) or ["<release>"])[-1]
     try:
         name, wver, _build, _tags = parse_wheel_filename(wheel_path.name)
     except (InvalidWheelFilename, InvalidVersion) as e:
-        raise _bad_wheel(wheel_path, f"bad file name ({e})", "it is not a wheel file") from None
+        raise _bad_wheel(wheel_path, f"bad file name ({e})", "it is not a wheel file", newest) from None
     if name != "torch":
         raise _bad_wheel(wheel_path, f"it is a wheel of {name!r}, not torch",
-                         "the wrong file was passed")
-    series = load_series(str(wver), patches_dir=patches_dir)
+                         "the wrong file was passed", newest)
     if not zipfile.is_zipfile(wheel_path):
         raise _bad_wheel(wheel_path, "it is not a zip archive",
-                         "the download was truncated or the file is corrupt")
+                         "the download was truncated or the file is corrupt", wver)
+    what = f"torch {wver} ({wheel_path})"
+    if downloaded:
+        what = (f"torch {wver} (downloaded first to {wheel_path}: without a folder "
+                f"v{base_version(str(wver))}, only its files' sha256 can tell which series serves it)")
+    with zipfile.ZipFile(wheel_path) as zf:
+        serving = find_serving(str(wver), hash_of=_hasher(zf, wheel_path, wver), what=what,
+                               patches_dir=patches_dir)
+    series = serving.series
+    if not serving.own and serving.match != "none":
+        print(f"torch {wver}: served by {serving.describe()}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_stale_temp_dirs(out_dir)
@@ -189,7 +231,7 @@ def build_wheel(
                 cause="the wheel is corrupt: a file does not match its RECORD hash, "
                 "or the archive is damaged",
                 next="delete it and fetch the official wheel again: python -m "
-                f"torch_fork_overlay wheel --version {series.version}")
+                f"torch_fork_overlay wheel --version {wver}")
         (unpacked,) = [p for p in tmp.iterdir() if p.is_dir()]
         (dist_info,) = list(unpacked.glob("*.dist-info"))
         base, local = _local_of(unpacked, dist_info)
@@ -202,6 +244,7 @@ def build_wheel(
                 wheel_path,
                 f"{', '.join(wrong)} differ from pristine torch {series.version}",
                 "it is not an official build of that release (or was already patched)",
+                wver,
             )
         with timed(f"applying the v{series.version} series"):
             applied = patch_tree(root=unpacked, series=series, include_tests=False)

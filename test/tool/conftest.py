@@ -138,30 +138,36 @@ def run_cli(*args: str, **kw) -> subprocess.CompletedProcess[str]:
 SYNTH_DIST_INFO = "torch-2.15.0.dist-info"
 
 
-def synthetic_files() -> dict[str, bytes]:
-    """Small stand-ins for torch files, laid out like site-packages."""
-    guards = "".join(f"def guard_{i}(x):\n    return x + {i}\n\n" for i in range(800))
-    config = "import os\nimport sys\n\n" + "".join(f"option_{i} = {i}\n" for i in range(400))
+def synthetic_files(version: str = "2.15.0+cu132", flavour: str = "") -> dict[str, bytes]:
+    """Small stand-ins for torch files, laid out like site-packages.  Another
+    ``flavour`` gives another release's bytes for the touched files."""
+    guards = "".join(f"def guard_{i}(x):\n    return x + {i}\n\n" for i in range(800)) + flavour
+    config = "import os\nimport sys\n\n" + "".join(f"option_{i} = {i}\n" for i in range(400)) + flavour
     return {
         "torch/__init__.py": b'"""synthetic torch for torch_fork_overlay tests"""\n',
-        "torch/version.py": b"__version__ = '2.15.0+cu132'\ngit_version = 'synthetic0123456789'\n",
+        "torch/version.py": f"__version__ = '{version}'\ngit_version = 'synthetic0123456789'\n".encode(),
         "torch/_guards.py": guards.encode(),
         "torch/_dynamo/__init__.py": b"",
         "torch/_dynamo/config.py": config.encode(),
     }
 
 
-def make_synthetic_install(dest: Path) -> Path:
-    """``dest/site-packages`` with torch/ and a RECORD written the way pip writes it."""
+def make_synthetic_install(dest: Path, *, version: str = "2.15.0+cu132", flavour: str = "",
+                           local_in_metadata: bool = False) -> Path:
+    """``dest/site-packages`` with torch/ and a RECORD written the way pip writes it.
+    The dist-info carries the local label only with ``local_in_metadata`` (as
+    the CPU wheels do: ``torch-2.13.0+cpu.dist-info``; the CUDA ones do not)."""
     import csv
     import io
 
     from torch_fork_overlay import state as st
 
     sp = dest / "site-packages"
-    files = synthetic_files()
-    files[f"{SYNTH_DIST_INFO}/METADATA"] = b"Metadata-Version: 2.1\nName: torch\nVersion: 2.15.0\n"
-    files[f"{SYNTH_DIST_INFO}/WHEEL"] = b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\n"
+    files = synthetic_files(version, flavour)
+    public = version if local_in_metadata else version.split("+")[0]
+    di = SYNTH_DIST_INFO if public == "2.15.0" else f"torch-{public}.dist-info"
+    files[f"{di}/METADATA"] = f"Metadata-Version: 2.1\nName: torch\nVersion: {public}\n".encode()
+    files[f"{di}/WHEEL"] = b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\n"
     for rel, data in files.items():
         (sp / rel).parent.mkdir(parents=True, exist_ok=True)
         (sp / rel).write_bytes(data)
@@ -169,19 +175,18 @@ def make_synthetic_install(dest: Path) -> Path:
     w = csv.writer(buf)  # pip's RECORD: csv with \r\n line ends
     for rel, data in files.items():
         w.writerow([rel, st.record_hash(data), len(data)])
-    w.writerow([f"{SYNTH_DIST_INFO}/RECORD", "", ""])
-    (sp / SYNTH_DIST_INFO / "RECORD").write_bytes(buf.getvalue().encode())
+    w.writerow([f"{di}/RECORD", "", ""])
+    (sp / di / "RECORD").write_bytes(buf.getvalue().encode())
     return sp
 
 
-@pytest.fixture(scope="session")
-def synthetic_series(tmp_path_factory) -> Path:
-    """patches/v2.15.0 for the synthetic install, made by refresh: 0001 edits
-    torch/_guards.py, 0002 torch/_dynamo/config.py, 0003 adds a test file."""
-    base = tmp_path_factory.mktemp("synth-series")
-    pristine_sp = make_synthetic_install(base / "pristine")
+def make_synthetic_series(base: Path, pdir: Path, *, release: str = "2.15.0", flavour: str = "") -> Path:
+    """``pdir/v<release>`` for the synthetic install of that flavour, made by
+    refresh: 0001 edits torch/_guards.py, 0002 torch/_dynamo/config.py, 0003
+    adds a test file.  ``base`` is a scratch folder."""
+    pristine_sp = make_synthetic_install(base / "pristine", version=release, flavour=flavour)
     pristine = refresh.Pristine(tree=pristine_sp)
-    pdir, tree = base / "patches", base / "tree"
+    tree = base / "tree"
     edits = [
         ("torch/_guards.py", "def guard_7(x):\n", "def guard_7(x):\n    # patched by test/tool\n"),
         ("torch/_dynamo/config.py", "import sys\n", "import sys\n# patched by test/tool\n"),
@@ -191,15 +196,23 @@ def synthetic_series(tmp_path_factory) -> Path:
         (tree / rel).write_text((pristine_sp / rel).read_text().replace(old, new, 1))
         msg = base / f"msg{i}"
         msg.write_text(f"area: Synthetic patch {i}\n\nFor the crash-safety tests.\n")
-        refresh.new_patch(version="2.15.0", pristine=pristine, tree=tree, files=[rel],
+        refresh.new_patch(version=release, pristine=pristine, tree=tree, files=[rel],
                           message_file=msg, patches_dir=pdir)
     (tree / "test/dynamo").mkdir(parents=True)
     (tree / "test/dynamo/test_synthetic.py").write_text("# synthetic\n")
     (base / "msg3").write_text("test: Add a synthetic test\n")
-    refresh.new_patch(version="2.15.0", pristine=pristine, tree=tree,
+    refresh.new_patch(version=release, pristine=pristine, tree=tree,
                       files=["test/dynamo/test_synthetic.py"], message_file=base / "msg3",
                       patches_dir=pdir)
-    return pdir
+    return pdir / f"v{release}"
+
+
+@pytest.fixture(scope="session")
+def synthetic_series(tmp_path_factory) -> Path:
+    """patches/v2.15.0 for the synthetic install (see ``make_synthetic_series``)."""
+    base = tmp_path_factory.mktemp("synth-series")
+    make_synthetic_series(base, base / "patches")
+    return base / "patches"
 
 
 @pytest.fixture

@@ -55,13 +55,18 @@ def test_round_trip_restores_files_and_record(fake_install, patches_dir):
 def test_no_series_for_release_lists_supported(fake_install, patches_dir):
     vpy = fake_install / "torch/version.py"
     vpy.write_text(vpy.read_text().replace("2.15.0+cu132", "2.16.0+cu132"))
+    guards = fake_install / "torch/_guards.py"
+    guards.write_text(guards.read_text() + "# as 2.16.0 would have it\n")  # else v2.15.0 serves it
     before = tree_digest(fake_install)
     with pytest.raises(OverlayError) as e:
         _apply(fake_install, patches_dir)
     assert str(e.value) == (
-        f"error: no patch series for torch 2.16.0+cu132 in {patches_dir}\n"
-        f"  likely cause: this project supports torch 2.15.0; there is no {patches_dir}/v2.16.0/series\n"
-        "  next: pip install torch==2.15.0, or build a patched wheel of a supported release: "
+        f"error: no patch series for torch 2.16.0+cu132 at {fake_install / 'torch'} in {patches_dir}: "
+        "no folder v2.16.0/, and no series' manifest matches its files (the sha256 of each file the "
+        "series touches)\n"
+        "  likely cause: torch 2.16.0+cu132 is not a supported release: this project supports torch "
+        "2.15.0; another release is served only by a series whose touched files it has byte for byte\n"
+        "  next: pip install torch==2.15.0, then rerun; or build a patched wheel of a supported release: "
         "python -m torch_fork_overlay wheel --version 2.15.0"
     )
     assert tree_digest(fake_install) == before

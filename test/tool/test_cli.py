@@ -7,7 +7,7 @@ import pytest
 from conftest import run_cli, tree_digest
 
 
-@pytest.mark.parametrize("cmd", ["status", "apply", "revert", "wheel", "refresh"])
+@pytest.mark.parametrize("cmd", ["status", "apply", "revert", "wheel", "refresh", "releases"])
 def test_help(cmd):
     cp = run_cli(cmd, "--help")
     assert cp.returncode == 0
@@ -42,7 +42,14 @@ def test_status_of_unsupported_release(fake_install, patches_dir):
     vpy.write_text(vpy.read_text().replace("2.15.0+cu132", "2.13.0+cpu"))
     cp = run_cli("status", "--site-packages", str(fake_install), "--patches-dir", str(patches_dir))
     assert cp.returncode == 0
-    assert "series:        none for 2.13.0 (supported: 2.15.0)\n" in cp.stdout
+    # the touched files are 2.15.0's bytes: its series serves this install
+    assert "served by:     series v2.15.0: touched files identical (no folder v2.13.0)\n" in cp.stdout
+    guards = fake_install / "torch/_guards.py"
+    guards.write_text(guards.read_text() + "# as 2.13.0 has it\n")
+    cp = run_cli("status", "--site-packages", str(fake_install), "--patches-dir", str(patches_dir))
+    assert cp.returncode == 0
+    assert "series:        none for 2.13.0+cpu (supported: 2.15.0)\n" in cp.stdout
+    assert "served by" not in cp.stdout
 
 
 def test_locate_by_python_without_importing_torch(stock_site_packages):

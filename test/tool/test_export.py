@@ -166,10 +166,43 @@ def test_base_main_on_a_release(repo, patches):
 
 
 def test_unsupported_base(repo, patches):
+    before = snapshot(repo)
     with pytest.raises(OverlayError) as e:
         _export(repo, patches, base="v2.13.0")
-    assert "no patch series for torch 2.13.0" in e.value.what
-    assert "2.15.0" in e.value.cause
+    assert e.value.what == (
+        f"no patch series for torch 2.13.0 in {patches}: there is no v2.13.0/, and {repo} is torch "
+        "2.15.0a0 (version.txt), not 2.13.0, so its files cannot show which series would serve 2.13.0")
+    assert "this project supports torch 2.15.0;" in e.value.cause
+    assert snapshot(repo) == before
+
+
+def _as_release(repo, release):
+    """The checkout as a release whose touched files are 2.15.0's bytes."""
+    (repo / "version.txt").write_text(f"{release}a0\n")
+    git(repo, "commit", "-q", "-am", f"torch {release}")
+    git(repo, "tag", f"v{release}")
+
+
+def test_base_without_folder_served_by_hashes(repo, patches):
+    _as_release(repo, "2.15.1")
+    res, out = _export(repo, patches, base="v2.15.1")
+    assert (res.base, res.branch) == ("v2.15.1", "torch-fork-overlay/fakemode-v2.15.1")
+    assert len(res.commits) == 2
+    assert git(repo, "rev-parse", f"{res.branch}~2").stdout == git(repo, "rev-parse", "v2.15.1").stdout
+
+
+def test_base_without_folder_and_other_bytes_refused(repo, patches):
+    with open(repo / TOUCHED, "a") as f:
+        f.write("# as 2.15.1 has it\n")
+    _as_release(repo, "2.15.1")
+    before = snapshot(repo)
+    with pytest.raises(OverlayError) as e:
+        _export(repo, patches, base="v2.15.1")
+    assert e.value.what.startswith(f"no patch series for {repo}, torch 2.15.1a0 (version.txt, --base v2.15.1) "
+                                   f"in {patches}: no folder v2.15.1/, and no series' manifest matches its files")
+    assert e.value.next == (f"export a supported release instead: git -C {repo} checkout v2.15.0, then "
+                            f"python -m torch_fork_overlay export --pytorch-src {repo} --base v2.15.0")
+    assert snapshot(repo) == before
 
 
 def test_branch_exists(repo, patches):

@@ -21,7 +21,7 @@ from _checkout_helpers import REPO, make_checkout  # noqa: E402
 
 from torch_fork_overlay import source_build as sb  # noqa: E402
 from torch_fork_overlay.errors import OverlayError  # noqa: E402
-from torch_fork_overlay.series import load_series  # noqa: E402
+from torch_fork_overlay.series import load_series, supported_versions  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not installed")
 
@@ -97,13 +97,29 @@ def test_configure_apply_and_dry_run(src, tmp_path):
 
 def test_configure_rejects_another_release(src, tmp_path):
     (src / "version.txt").write_text("2.14.1a0\n")
+    rel = sorted(SERIES.manifest)[0]
+    with open(src / rel, "a") as f:
+        f.write("# as 2.14.1 has it\n")
     before = digest(src)
     cp = configure(tmp_path / "build", f"-DPYTORCH_SOURCE_DIR={src}")
     assert cp.returncode != 0
-    assert f"error: {src} is torch 2.14.1a0 (version.txt); there is no patch series for torch 2.14.1" in flat(cp.stderr)
-    assert "likely cause: this project supports torch 2.15.0" in flat(cp.stderr)
+    assert (f"error: no patch series for {src}, torch 2.14.1a0 (version.txt) in {REPO / 'patches'}: "
+            "no folder v2.14.1/, and no series' manifest matches its files") in flat(cp.stderr)
+    assert ("likely cause: torch 2.14.1a0 is not a supported release: this project supports torch "
+            + ", ".join(supported_versions())) in flat(cp.stderr)
     assert "nothing was changed" in flat(cp.stderr)
     assert digest(src) == before
+
+
+def test_configure_sibling_release_served_by_hashes(src, tmp_path):
+    """version.txt says 2.15.1, the touched files are 2.15.0's bytes: v2.15.0 serves it,
+    and the wheel is versioned after the checkout's release."""
+    (src / "version.txt").write_text("2.15.1a0\n")
+    cp = configure(tmp_path / "build", f"-DPYTORCH_SOURCE_DIR={src}")
+    assert cp.returncode == 0, cp.stderr
+    assert (f"{src} is torch 2.15.1 (pristine); series v2.15.0, which serves it: touched files "
+            "identical") in flat(cp.stdout)
+    assert "wheel version 2.15.1+fakemode.1" in flat(cp.stdout)
 
 
 def test_configure_rejects_modified_file(src, tmp_path):

@@ -132,7 +132,20 @@ def test_torch_wheel_that_is_not_the_official_build(tmp_path, stock_site_package
 
 
 def test_torch_wheel_of_unsupported_release(tmp_path, stock_site_packages, patches_dir):
-    whl = make_wheel(tmp_path, stock_site_packages, version="2.16.0")
+    whl = make_wheel(tmp_path, stock_site_packages, version="2.16.0",
+                     edit={"torch/_guards.py": lambda b: b + b"# as 2.16.0 has it\n"})
     msg = _fails(tmp_path, whl, patches_dir)
-    assert msg.startswith(f"error: no patch series for torch 2.16.0 in {patches_dir}\n"
-                          "  likely cause: this project supports torch 2.15.0;")
+    assert msg.startswith(f"error: no patch series for torch 2.16.0 ({whl}) in {patches_dir}: no folder "
+                          "v2.16.0/, and no series' manifest matches its files")
+    assert "\n  likely cause: torch 2.16.0 is not a supported release: this project supports torch 2.15.0;" in msg
+
+
+def test_wheel_of_sibling_release_served_by_hashes(tmp_path, stock_site_packages, patches_dir, capsys):
+    """2.15.1 without a folder: its touched files are 2.15.0's bytes, so v2.15.0 serves it."""
+    whl = make_wheel(tmp_path, stock_site_packages, version="2.15.1", local_in_version_py="cu132")
+    built = build_wheel(wheel_path=whl, out_dir=tmp_path / "dist", patches_dir=patches_dir)
+    assert built.name == f"torch-2.15.1+cu132.fakemode.1-{TAGS}.whl"
+    assert "torch 2.15.1: served by series v2.15.0: touched files identical (no folder v2.15.1)" in capsys.readouterr().out
+    manifest = load_series("2.15.0", patches_dir=patches_dir).manifest
+    files = read_wheel(built)
+    assert all(st.sha256_bytes(files[rel]) == v["patched"] for rel, v in manifest.items())
