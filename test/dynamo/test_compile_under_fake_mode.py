@@ -35,6 +35,7 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
 )
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import (
     checkpoint,
     CheckpointPolicy,
@@ -90,8 +91,7 @@ def region_cache_keys():
         key
         for key in FakeTensorMode.cache
         if any(
-            isinstance(v, type) and issubclass(v, torch.fx.GraphModule)
-            for v in key.key
+            isinstance(v, type) and issubclass(v, torch.fx.GraphModule) for v in key.key
         )
     ]
 
@@ -102,8 +102,6 @@ def rotary(x, freqs):
     return torch.view_as_real(xc * freqs).flatten(-2).type_as(x)
 
 
-
-
 class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
     def setUp(self):
         super().setUp()
@@ -111,7 +109,9 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
         # Inductor's kernels would do if they ran on FakeTensors.
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(
-            torch._functorch.config.patch(fake_tensor_allow_unsafe_data_ptr_access=False)
+            torch._functorch.config.patch(
+                fake_tensor_allow_unsafe_data_ptr_access=False
+            )
         )
         # Count the graphs Inductor compiles; no cache may skip one.
         self._stack.enter_context(
@@ -132,7 +132,9 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
             return compile_fx_inner(*args, **kwargs)
 
         self._stack.enter_context(
-            mock.patch.object(compile_fx, "_compile_fx_inner", counting_compile_fx_inner)
+            mock.patch.object(
+                compile_fx, "_compile_fx_inner", counting_compile_fx_inner
+            )
         )
 
     def tearDown(self):
@@ -167,7 +169,9 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
     # 1. Outputs are FakeTensors owned by the mode, with eager's metadata.
     @parametrize("backend", BACKENDS)
     def test_outputs_owned_by_mode(self, backend):
-        self.check_like_eager(lambda x: x * 2 + 1, lambda: (torch.randn(4, 3),), backend)
+        self.check_like_eager(
+            lambda x: x * 2 + 1, lambda: (torch.randn(4, 3),), backend
+        )
 
     @parametrize("backend", BACKENDS)
     def test_noncontiguous_and_dtype(self, backend):
@@ -285,28 +289,93 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
                 with self.assertRaisesRegex(RuntimeError, "data pointer"):
                     torch.compile(lambda x: x * 2 + 1, backend="inductor")(x)
 
-    @parametrize("requires_grad", [False, True])
-    def test_steady_state_is_one_cache_hit_per_region(self, requires_grad):
+    @parametrize("no_grad", [False, True])
+    def test_steady_state_is_one_cache_hit_per_call(self, no_grad):
         fn = torch.compile(lambda x: x.sin().cos().exp().sum(0), backend="inductor")
         mode = FakeTensorMode()
-        with mode:
-            x = torch.randn(4, 3, requires_grad=requires_grad)
+        ctx = torch.no_grad() if no_grad else contextlib.nullcontext()
+        with mode, ctx:
+            # Autograd records nothing: without requires_grad, or under no_grad.
+            x = torch.randn(4, 3, requires_grad=no_grad)
             for _ in range(2):
                 fn(x)
             self.assertEqual(regions_compiled(), 1)
             before = FakeTensorMode.cache_info()
             out = fn(x)
             after = FakeTensorMode.cache_info()
-        self.assertIs(out.fake_mode, mode)
-        self.assertEqual(out.requires_grad, requires_grad)
+        self.assertOwnedLikeEager(out, x.sin().cos().exp().sum(0).detach(), mode)
         # The whole forward is one dispatch-cache hit, not one per op.
         self.assertEqual(after.hits - before.hits, 1)
         self.assertEqual(after.misses - before.misses, 0)
-        if requires_grad:
-            with mode:
-                out.sum().backward()
-            self.assertIs(x.grad.fake_mode, mode)
-            self.assertEqual(meta_of(x.grad)[:6], meta_of(x)[:6])
+
+    @parametrize("backend", BACKENDS)
+    def test_calls_autograd_records_stay_op_by_op(self, backend):
+        # A region would be differentiable once, and its saved tensors would
+        # not be eager's: past the default threshold, double backward and
+        # saved-tensor hooks still see eager's behaviour.
+        def fn(x, w):
+            return (x @ w).tanh().sum()
+
+        def run(f, x, w):
+            saved = []
+
+            def pack(t):
+                saved.append(meta_of(t)[1:5])
+                return t
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                loss = f(x, w)
+            (gx,) = torch.autograd.grad(loss, x, create_graph=True)
+            gx.sum().backward()
+            return saved, meta_of(gx), meta_of(w.grad)
+
+        mode = FakeTensorMode()
+        compiled = torch.compile(fn, backend=backend)
+        with torch._dynamo.config.patch(fake_mode_region_after_calls=16), mode:
+            x = torch.randn(4, 3, requires_grad=True)
+            w = torch.randn(3, 5, requires_grad=True)
+            ref = run(fn, x, w)
+            for _ in range(18):
+                w.grad = None
+                self.assertEqual(run(compiled, x, w), ref)
+        self.assertEqual(regions_compiled(), 0)
+
+    def test_outputs_aliasing_each_other_stay_views(self):
+        # The dispatch cache would replay such outputs as unrelated tensors.
+        def fn(x):
+            return (x * 2).split(2)
+
+        def views(out):
+            return [
+                (o.storage_offset(), o._is_view(), o.untyped_storage()._cdata)
+                for o in out
+            ]
+
+        compiled = torch.compile(fn, backend="inductor")
+        with torch._dynamo.config.patch(fake_mode_region_after_calls=16):
+            with FakeTensorMode(), torch.no_grad():
+                x = torch.randn(6, 4)
+                for _ in range(18):
+                    out, ref = compiled(x), fn(x)
+                    self.assertEqual(
+                        [v[:2] for v in views(out)], [v[:2] for v in views(ref)]
+                    )
+                    self.assertEqual(len({v[2] for v in views(out)}), 1)
+        self.assertEqual(regions_compiled(), 0)
+
+    def test_functorch_transforms_stay_op_by_op(self):
+        fn = torch.compile(lambda x: (x.sin() * 2).sum(), backend="inductor")
+        with torch._dynamo.config.patch(fake_mode_region_after_calls=1):
+            with FakeTensorMode() as mode:
+                x = torch.randn(3, 4)
+                for _ in range(3):
+                    out = torch.func.vmap(fn)(x)
+                    self.assertOwnedLikeEager(
+                        out, torch.func.vmap(lambda x: (x.sin() * 2).sum())(x), mode
+                    )
+                    grad = torch.func.grad(fn)(x)
+                    self.assertOwnedLikeEager(grad, (x.cos() * 2), mode)
+        self.assertEqual(counters["fake_mode"]["regions_failed"], 0)
 
     # 5. Models.
     @parametrize("backend", BACKENDS)
@@ -382,15 +451,15 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
 
         with FakeTensorMode():
             x = torch.randn(2)
-            with self.assertRaisesRegex(
-                torch._dynamo.exc.Unsupported, "graph_break"
-            ):
+            with self.assertRaisesRegex(torch._dynamo.exc.Unsupported, "graph_break"):
                 torch.compile(fn, backend="inductor", fullgraph=True)(x)
 
     @parametrize("backend", BACKENDS)
     def test_dynamic(self, backend):
         mode = FakeTensorMode()
-        fn = torch.compile(lambda x: x.sum(0) + x.shape[0], backend=backend, dynamic=True)
+        fn = torch.compile(
+            lambda x: x.sum(0) + x.shape[0], backend=backend, dynamic=True
+        )
         for n in (3, 5, 7):
             with mode:
                 x = torch.randn(n, 2)
@@ -680,8 +749,11 @@ class GraphModule(torch.nn.Module):
 
         mode = FakeTensorMode()
         fn = torch.compile(lambda x: x.sin() + 1, backend="eager")
-        with torch._dynamo.config.patch(fake_mode_region_after_calls=0), mock.patch(
-            "torch._dynamo.backends.common.aot_autograd", failing_aot_autograd
+        with (
+            torch._dynamo.config.patch(fake_mode_region_after_calls=0),
+            mock.patch(
+                "torch._dynamo.backends.common.aot_autograd", failing_aot_autograd
+            ),
         ):
             with self.assertLogs("torch._dynamo.output_graph", "WARNING") as logs:
                 with mode:
@@ -834,7 +906,9 @@ class GraphModule(torch.nn.Module):
             x = torch.randn(2, 5, 32)
             with self.assertRaisesRegex(AssertionError, "Mixing fake modes") as eager:
                 enc(x)
-            with self.assertRaisesRegex(AssertionError, "Mixing fake modes") as compiled:
+            with self.assertRaisesRegex(
+                AssertionError, "Mixing fake modes"
+            ) as compiled:
                 torch.compile(enc, backend=backend)(x)
         self.assertEqual(str(compiled.exception), str(eager.exception))
 
@@ -848,9 +922,8 @@ class GraphModule(torch.nn.Module):
         classified = [
             name
             for name in dir(precompile_package)
-            if name.endswith("_GUARD_TYPES") and "FAKE_TENSOR_MODE" in getattr(
-                precompile_package, name
-            )
+            if name.endswith("_GUARD_TYPES")
+            and "FAKE_TENSOR_MODE" in getattr(precompile_package, name)
         ]
         self.assertEqual(classified, ["_UNMODELLED_GUARD_TYPES"])
 
@@ -1002,6 +1075,91 @@ class GraphModule(torch.nn.Module):
             model(torch.randn(2, 4)).sum().backward()
             opt.step()
             torch.compile(opt.step, backend=backend)()
+
+    # 21. Dispatch modes that change what ops return keep the frame skipped.
+    def test_frames_under_a_mode_that_changes_results_stay_skipped(self):
+        class HalfMatmulMode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if func is torch.ops.aten.mm.default:
+                    out = out.to(torch.float16)
+                return out
+
+        def fn(a, b):
+            y = a @ b
+            # Tracing without the mode would take the other branch.
+            return y * 2 if y.dtype == torch.float16 else y + 1
+
+        cnt = CompileCounterWithBackend("eager")
+        with FakeTensorMode():
+            a, b = torch.randn(4, 4), torch.randn(4, 4)
+            with HalfMatmulMode():
+                ref = fn(a, b)
+                out = torch.compile(fn, backend=cnt)(a, b)
+        self.assertEqual(cnt.frame_count, 0)
+        self.assertEqual(meta_of(out), meta_of(ref))
+
+    # 22. Under a guard filter, real and fake entries stay apart by input type.
+    @parametrize("first", ["real", "fake"])
+    def test_guard_filter_keeps_real_and_fake_inputs_apart(self, first):
+        def skip_all_guards_unsafe(guard_entries):
+            return [False] * len(guard_entries)
+
+        fn = torch.compile(
+            lambda x: x * 2 + 1,
+            backend="inductor",
+            options={"guard_filter_fn": skip_all_guards_unsafe},
+        )
+        mode = FakeTensorMode()
+        with mode:
+            fake = torch.randn(4)
+        real = torch.randn(4)
+        # Fake inputs called outside the mode: only their type tells them apart.
+        for kind in [first, "fake" if first == "real" else "real"] * 2:
+            if kind == "real":
+                self.assertEqual(fn(real), real * 2 + 1)
+            else:
+                self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
+        self.assertEqual(frames_compiled(), 2)
+        # The real entry is Inductor's code, compiled once.
+        self.assertEqual(self.inductor_compiles, 1)
+
+    @parametrize("backend", BACKENDS)
+    def test_real_entries_guards_unchanged(self, backend):
+        def guards_of(fn, *args):
+            guards = []
+            torch._dynamo.reset()
+            torch._dynamo.optimize(backend, guard_export_fn=lambda g: guards.extend(g))(
+                fn
+            )(*args)
+            return sorted(
+                (str(g.originating_source.name), g.create_fn_name()) for g in guards
+            )
+
+        def fn(x, y):
+            return (x @ y).relu() + 1
+
+        args = (torch.randn(4, 4), torch.randn(4, 4))
+        on = guards_of(fn, *args)
+        with torch._dynamo.config.patch(inherit_ambient_fake_mode=False):
+            off = guards_of(fn, *args)
+        self.assertEqual(on, off)
+        self.assertNotIn("FAKE_TENSOR_MODE", {name for _, name in on})
+
+    def test_aot_autograd_does_no_work_for_fake_calls(self):
+        # Its artifact would never run: like Inductor, it returns at once.
+        fn = lambda x: x.sin() * 2  # noqa: E731
+        self._stack.enter_context(
+            torch._dynamo.config.patch(fake_mode_region_after_calls=16)
+        )
+        with FakeTensorMode():
+            torch.compile(fn, backend="aot_eager")(torch.randn(3))
+        self.assertEqual(counters["aot_autograd"]["total"], 0)
+        torch._dynamo.reset()
+        with torch._dynamo.config.patch(compile_backend_under_fake_mode=True):
+            with FakeTensorMode():
+                torch.compile(fn, backend="aot_eager")(torch.randn(3))
+        self.assertEqual(counters["aot_autograd"]["total"], 1)
 
 
 instantiate_parametrized_tests(CompileUnderFakeModeTests)
