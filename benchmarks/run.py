@@ -264,8 +264,8 @@ def table_fake(data: dict, args, *, backward: bool) -> str:
 
     first = [
         "| preset | run | first call | RSS after first call, MB | first call / floor | patched / stock, same backend: "
-        "first call, RSS | RSS / eager, patched | targets |",
-        "|---|---|---|---|---|---|---|---|",
+        "first call, RSS (process peak) | RSS / eager, patched | peak RSS of the process, MB | targets |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     steady = [
         "| preset | compile inductor, patched: op-by-op calls (median) | build call | build / op-by-op | "
@@ -283,13 +283,14 @@ def table_fake(data: dict, args, *, backward: bool) -> str:
             res = cells.get(key, [])
             st = cell_status(res)
             if st:
-                first.append(f"| {preset} | {FAKE_LABELS[key]} | {st} | - | - | - | - | |")
+                first.append(f"| {preset} | {FAKE_LABELS[key]} | {st} | - | - | - | - | - | |")
                 continue
             t, rss = get(key, "first_s"), get(key, "rss_after_first_mb")
             targets = []
             if key in SAME_BACKEND:
                 ref = SAME_BACKEND[key]
-                same = f"{fmt_ratio(t, get(ref, 'first_s'))}, {fmt_ratio(rss, get(ref, 'rss_after_first_mb'))}"
+                same = (f"{fmt_ratio(t, get(ref, 'first_s'))}, {fmt_ratio(rss, get(ref, 'rss_after_first_mb'))} "
+                        f"({fmt_ratio(get(key, 'peak_rss_mb'), get(ref, 'peak_rss_mb'))})")
                 if key != "eager/patched":
                     targets += [f"time {target(t, get(ref, 'first_s'), 1.05)}",
                                 f"RSS {target(rss, get(ref, 'rss_after_first_mb'), 1.05)}"]
@@ -301,7 +302,7 @@ def table_fake(data: dict, args, *, backward: bool) -> str:
                     targets.append(f"RSS / eager {target(rss, eager_rss, 1.2)}")
             first.append(f"| {preset} | {FAKE_LABELS[key]} | {fmt_spread(_pick(res, 'first_s'))} | "
                          f"{fmt_mb(_pick(res, 'rss_after_first_mb'))} | {fmt_ratio(t, floor_first)} | {same} | "
-                         f"{fmt_ratio(rss, eager_rss)} | {'; '.join(targets)} |")
+                         f"{fmt_ratio(rss, eager_rss)} | {fmt_mb(_pick(res, 'peak_rss_mb'))} | {'; '.join(targets)} |")
 
         ind = cells.get("inductor", [])
         st = cell_status(ind)
@@ -343,7 +344,8 @@ def table_fake(data: dict, args, *, backward: bool) -> str:
            f"{args.steady} = {calls} calls"
     return (
         f"### Model scale under FakeTensorMode, {title}: first call ({head})\n\n"
-        "First call = compile included; RSS = peak RSS of the process after that call (import included). "
+        "First call = compile included; RSS = peak RSS of the process after that call (import included); "
+        "process peak = at the end of the process, regions included. "
         "floor = stock torch, `backend=\"eager\"`. Targets: compile inductor, patched ≤ 1.15x the floor; "
         "compile eager / aot_eager, patched ≤ 1.05x stock with the same backend, time and RSS"
         + ("; 70B: RSS ≤ 1.2x eager, patched" if backward else "") + ".\n\n"
@@ -557,11 +559,13 @@ def parse_args(argv):
     parser.add_argument("--patched-python", default=default_python("TORCH_FORK_OVERLAY_PATCHED_PYTHON",
                                                                    ".venv/bin/python"))
     parser.add_argument("--quick", action="store_true",
-                        help="tiny preset only, 2 rounds, fewer calls: a few minutes")
+                        help="tiny preset only, no callgrind, 1 round of the fake-mode scenarios and 2 of the "
+                             "real-path ones, fewer calls: a few minutes")
     parser.add_argument("--scenarios", nargs="+", choices=ALL_SCENARIOS, default=None)
     parser.add_argument("--presets", nargs="+", choices=ALL_PRESETS, default=None)
     parser.add_argument("--repeats", type=int, default=None,
-                        help="processes per cell and side, alternating stock and patched (default 3, quick 2)")
+                        help="processes per cell and side, alternating stock and patched (default 3; quick: 2, "
+                             "and 1 for the tiny preset of the fake-mode scenarios)")
     parser.add_argument("--big-repeats", type=int, default=1, help="rounds for the 7B and 70B presets (default 1)")
     parser.add_argument("--steady", type=int, default=None,
                         help="fake-mode calls measured after the call that builds the regions (default 5, quick 4)")
@@ -586,6 +590,7 @@ def parse_args(argv):
         args.scenarios = [s for s in ALL_SCENARIOS if s != "callgrind"] if args.quick else ALL_SCENARIOS
     if args.presets is None:
         args.presets = ["tiny"] if args.quick else ALL_PRESETS
+    repeats_given = args.repeats is not None
     if args.repeats is None:
         args.repeats = 2 if args.quick else 3
     if args.steady is None:
@@ -596,7 +601,10 @@ def parse_args(argv):
         args.calls = 300 if args.quick else 2000
     if args.callgrind_calls is None:
         args.callgrind_calls = 1000
-    args.fake_repeats = lambda p: args.repeats if p == "tiny" else args.big_repeats
+    # --quick: the fake-mode scenarios have 8 processes per round (4 for estimate); one round of each is enough
+    # to see that everything runs.
+    tiny_rounds = 1 if args.quick and not repeats_given else args.repeats
+    args.fake_repeats = lambda p: tiny_rounds if p == "tiny" else args.big_repeats
     args.preset_timeout = lambda p: args.timeout if p == "tiny" else args.big_timeout
     return args
 
