@@ -2,13 +2,17 @@
 
 Every measurement runs ``benchmarks/worker.py`` in a fresh process (so import, peak RSS and caches are per
 process, and every inductor compile gets an empty cache), alternating the stock and the patched interpreter
-(A B A B ...). The result is a markdown table of medians, min-max spread and ratios, printed and written to
-``benchmarks/RESULTS.md``. Targets from issue 4 are shown as information (met / not met); nothing fails.
+(A B A B ...). The result is markdown tables of medians, min-max spread and ratios, printed and written to
+``benchmarks/RESULTS.md``. Targets from issues 4 and 9 are shown as information (met / not met); nothing fails.
 
 Scenarios (``--scenarios``, default all):
-  fake-fwd      preset under FakeTensorMode, forward: eager, torch.compile (patched), stock with
-                torch._inductor.config.wrap_inductor_compiled_regions = True
+  fake-fwd      preset under FakeTensorMode, forward: eager (no compile), torch.compile with backend eager /
+                aot_eager on both torches, inductor on the patched one, stock with
+                torch._inductor.config.wrap_inductor_compiled_regions = True (the flag). Two tables: the first
+                call, and the steady state (op-by-op calls, the call that builds the regions, the calls after)
   fake-fwdbwd   the same with forward + backward
+  estimate      two training steps (forward, loss, backward, AdamW, zero_grad) under FakeTensorMode: eager,
+                stock compile eager (the floor), patched compile inductor
   cache-hit     real tensors, compiled function, per-call wall time after warm-up (1 input, 8 inputs, nn.Linear)
   callgrind     the cache-hit calls counted in instructions with valgrind --tool=callgrind, collection on
                 only for the N counted calls of each case
@@ -39,7 +43,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "worker.py")
-ALL_SCENARIOS = ["fake-fwd", "cache-hit", "compile-real", "callgrind", "fake-fwdbwd"]
+ALL_SCENARIOS = ["fake-fwd", "cache-hit", "compile-real", "callgrind", "fake-fwdbwd", "estimate"]
 ALL_PRESETS = ["tiny", "7B", "70B"]
 CACHE_HIT_VARIANTS = ["one", "eight", "linear"]
 CACHE_HIT_LABELS = {"one": "1 input", "eight": "8 inputs", "linear": "nn.Linear"}
@@ -175,12 +179,23 @@ def ok(results: list[dict]) -> list[dict]:
 
 # --------------------------------------------------------------------------------------------- scenarios
 
-FAKE_COLUMNS = [  # (key, side, worker --mode)
-    ("eager", "stock", "eager"),
-    ("eager", "patched", "eager"),
-    ("compile", "patched", "compile"),
-    ("wrap", "stock", "compile-wrap"),
+# (key, side, worker --mode, --backend, label). Listed in the order they run: stock and patched alternate.
+FAKE_RUNS = [
+    ("eager/stock", "stock", "eager", None, "eager, stock"),
+    ("eager/patched", "patched", "eager", None, "eager, patched"),
+    ("floor", "stock", "compile", "eager", "compile eager, stock (floor)"),
+    ("eager-c/patched", "patched", "compile", "eager", "compile eager, patched"),
+    ("aot/stock", "stock", "compile", "aot_eager", "compile aot_eager, stock"),
+    ("aot/patched", "patched", "compile", "aot_eager", "compile aot_eager, patched"),
+    ("flag", "stock", "compile-wrap", "inductor", "flag, stock"),
+    ("inductor", "patched", "compile", "inductor", "compile inductor, patched"),
 ]
+FAKE_LABELS = {key: label for key, _, _, _, label in FAKE_RUNS}
+# Rows of the first-call table, in reading order.
+FIRST_CALL_ROWS = ["eager/stock", "eager/patched", "floor", "eager-c/patched", "inductor", "aot/stock",
+                   "aot/patched", "flag"]
+# A patched run and the stock run with the same backend: first call and RSS within 1.05x.
+SAME_BACKEND = {"eager/patched": "eager/stock", "eager-c/patched": "floor", "aot/patched": "aot/stock"}
 
 
 def run_fake(runner: Runner, args, *, backward: bool) -> dict:
@@ -189,58 +204,221 @@ def run_fake(runner: Runner, args, *, backward: bool) -> dict:
     for preset in args.presets:
         cells: dict = {}
         for rnd in range(args.fake_repeats(preset)):
-            for key, side, mode in FAKE_COLUMNS:
+            for key, side, mode, backend, _ in FAKE_RUNS:
                 wargs = ["fake", "--preset", preset, "--mode", mode, "--repeats", str(args.steady),
-                         "--seq", str(args.seq)] + (["--backward"] if backward else [])
-                res = runner.worker(side, f"{name} {preset} {mode} round {rnd + 1}", wargs,
+                         "--seq", str(args.seq), "--after-calls", str(args.after_calls_used)]
+                wargs += ["--backend", backend] if backend else []
+                wargs += ["--backward"] if backward else []
+                what = mode if backend is None else f"{mode} {backend}"
+                res = runner.worker(side, f"{name} {preset} {what} round {rnd + 1}", wargs,
                                     timeout=args.preset_timeout(preset))
-                cells.setdefault(f"{key}/{side}", []).append(res)
+                cells.setdefault(key, []).append(res)
         data[preset] = cells
     return data
 
 
-def table_fake(data: dict, *, backward: bool) -> str:
-    rows = [
-        "| preset | eager, stock: first / steady | eager, patched: first / steady | "
-        "compile, patched: first / steady | flag, stock: first / steady | "
-        "first: compile / flag | steady: compile / best(eager, flag) | peak RSS MB: eager p / compile p / flag s | "
-        "RSS: compile / eager |",
+def _pick(results: list[dict], key: str) -> list[float]:
+    """The values of one key over the ok runs that have it (a summary dict gives its median)."""
+    vals = []
+    for r in ok(results):
+        v = r.get(key)
+        if isinstance(v, dict):
+            v = v.get("median")
+        if v is not None:
+            vals.append(v)
+    return vals
+
+
+def fmt_mb(values: list[float]) -> str:
+    if not values:
+        return "-"
+    lo, hi = min(values), max(values)
+    # RSS barely moves between processes; show the spread only where it does.
+    return f"{med(values):.0f}" + (f" [{lo:.0f}–{hi:.0f}]" if hi - lo >= 10 else "")
+
+
+def ratio_target(num: float | None, den: float | None, limit: float | None = None, what: str = "") -> str:
+    r = fmt_ratio(num, den)
+    if limit is None or r == "-":
+        return r
+    return f"{r}, {what}{target(num, den, limit)}"
+
+
+def _after_calls_note(args, results: list[dict]) -> str:
+    seen = sorted({r["after_calls"] for r in ok(results) if r.get("patch_present") and "after_calls" in r})
+    n = args.after_calls_used
+    src = ("the patched torch's default" if args.after_calls is None
+           else f"set by --after-calls; the patched torch's default is {args.after_calls_default}")
+    note = f"after_calls = {n} ({src})"
+    if seen and seen != [n]:
+        note += f"; the patched workers report {', '.join(map(str, seen))}"
+    return note
+
+
+def table_fake(data: dict, args, *, backward: bool) -> str:
+    """Two tables: the first call (compile included) and the steady state, per preset."""
+    title = "forward + backward" if backward else "forward"
+    everything = [r for cells in data.values() for res in cells.values() for r in res]
+    n = args.after_calls_used
+    calls = n + 1 + args.steady
+
+    first = [
+        "| preset | run | first call | RSS after first call, MB | first call / floor | patched / stock, same backend: "
+        "first call, RSS (process peak) | RSS / eager, patched | peak RSS of the process, MB | targets |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    steady = [
+        "| preset | compile inductor, patched: op-by-op calls (median) | build call | build / op-by-op | "
+        "steady after regions (median) | eager, stock / patched: steady | flag, stock: steady | "
+        "steady: inductor / best(eager, flag) | peak RSS of the process, MB: eager p / inductor p / flag s | "
+        "peak RSS: inductor / eager |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for preset, cells in data.items():
+        get = lambda key, field: med(_pick(cells.get(key, []), field))  # noqa: E731
+        floor_first = get("floor", "first_s")
+        eager_rss = get("eager/patched", "rss_after_first_mb")
+        rss_target = backward and preset == "70B"
+        for key in FIRST_CALL_ROWS:
+            res = cells.get(key, [])
+            st = cell_status(res)
+            if st:
+                first.append(f"| {preset} | {FAKE_LABELS[key]} | {st} | - | - | - | - | - | |")
+                continue
+            t, rss = get(key, "first_s"), get(key, "rss_after_first_mb")
+            targets = []
+            if key in SAME_BACKEND:
+                ref = SAME_BACKEND[key]
+                same = (f"{fmt_ratio(t, get(ref, 'first_s'))}, {fmt_ratio(rss, get(ref, 'rss_after_first_mb'))} "
+                        f"({fmt_ratio(get(key, 'peak_rss_mb'), get(ref, 'peak_rss_mb'))})")
+                if key != "eager/patched":
+                    targets += [f"time {target(t, get(ref, 'first_s'), 1.05)}",
+                                f"RSS {target(rss, get(ref, 'rss_after_first_mb'), 1.05)}"]
+            else:
+                same = ""
+            if key == "inductor":
+                targets.append(f"time / floor {target(t, floor_first, 1.15)}")
+                if rss_target:
+                    targets.append(f"RSS / eager {target(rss, eager_rss, 1.2)}")
+            first.append(f"| {preset} | {FAKE_LABELS[key]} | {fmt_spread(_pick(res, 'first_s'))} | "
+                         f"{fmt_mb(_pick(res, 'rss_after_first_mb'))} | {fmt_ratio(t, floor_first)} | {same} | "
+                         f"{fmt_ratio(rss, eager_rss)} | {fmt_mb(_pick(res, 'peak_rss_mb'))} | {'; '.join(targets)} |")
+
+        ind = cells.get("inductor", [])
+        st = cell_status(ind)
+        if st:
+            ind_cols = [st, "-", "-", "-"]
+            ind_steady = None
+        else:
+            good = ok(ind)
+            built = [r["regions_call"] for r in good if r.get("regions_call") is not None]
+            op = _pick(ind, "op_by_op_s")
+            if built:
+                where = sorted({b + 1 for b in built})
+                build_vals = [r["split_call_s"] for r in good if r.get("regions_call") is not None]
+                build_cell = fmt_spread(build_vals) + f" (call {', '.join(map(str, where))})"
+                if len(built) < len(good):
+                    build_cell += f"; no regions in {len(good) - len(built)} of {len(good)} processes"
+            else:
+                build_vals = []
+                build_cell = "no regions built"
+            splits = sorted({r["split_call"] for r in good})
+            op_cell = fmt_spread(op) + (f" (calls 2–{splits[0]})" if len(splits) == 1 and splits[0] > 1 else "")
+            ind_steady = med(_pick(ind, "steady_s"))
+            ind_cols = [op_cell, build_cell, fmt_ratio(med(build_vals), med(op)) if build_vals else "-",
+                        fmt_spread(_pick(ind, "steady_s"))]
+        e_s, e_p, fl = (cells.get(k, []) for k in ("eager/stock", "eager/patched", "flag"))
+        eager_cell = " / ".join(cell_status(r) or fmt_spread(_pick(r, "steady_s")) for r in (e_s, e_p))
+        flag_cell = cell_status(fl) or fmt_spread(_pick(fl, "steady_s"))
+        # The better of eager-under-fake (either interpreter) and the flag.
+        bests = [v for v in (med(_pick(e_s, "steady_s")), med(_pick(e_p, "steady_s")), med(_pick(fl, "steady_s")))
+                 if v is not None]
+        best = min(bests) if bests else None
+        peaks = [med(_pick(r, "peak_rss_mb")) for r in (e_p, ind, fl)]
+        peak_cell = " / ".join("-" if v is None else f"{v:.0f}" for v in peaks)
+        peak_ratio = ratio_target(peaks[1], peaks[0], 1.2 if rss_target else None)
+        steady.append(f"| {preset} | " + " | ".join(ind_cols) + f" | {eager_cell} | {flag_cell} | "
+                      f"{ratio_target(ind_steady, best, 1.1)} | {peak_cell} | {peak_ratio} |")
+
+    head = f"batch 1, seq {args.seq}; {_after_calls_note(args, everything)}: every process makes {n} + 1 + " \
+           f"{args.steady} = {calls} calls"
+    return (
+        f"### Model scale under FakeTensorMode, {title}: first call ({head})\n\n"
+        "First call = compile included; RSS = peak RSS of the process after that call (import included); "
+        "process peak = at the end of the process, regions included. "
+        "floor = stock torch, `backend=\"eager\"`. Targets: compile inductor, patched ≤ 1.15x the floor; "
+        "compile eager / aot_eager, patched ≤ 1.05x stock with the same backend, time and RSS"
+        + ("; 70B: RSS ≤ 1.2x eager, patched" if backward else "") + ".\n\n"
+        + "\n".join(first) + "\n\n"
+        f"### Model scale under FakeTensorMode, {title}: steady state ({head})\n\n"
+        f"Calls counted from 1 (call 1 compiles). op-by-op = calls 2 to {n} (median); build call = call {n + 1}, "
+        f"where the patched torch builds the regions (the table gives the call seen to raise "
+        f"`regions_compiled`); steady = the {args.steady} calls after it (median). Eager and flag: the same "
+        f"{args.steady} calls. Target: steady inductor ≤ 1.1x best(eager, flag)"
+        + ("; 70B peak RSS ≤ 1.2x eager, patched" if backward else "") + ".\n\n"
+        + "\n".join(steady) + "\n"
+    )
+
+
+# (key, side, worker --mode, --backend, label), in the order they run.
+ESTIMATE_RUNS = [
+    ("eager/stock", "stock", "eager", None, "eager, stock"),
+    ("eager/patched", "patched", "eager", None, "eager, patched"),
+    ("floor", "stock", "compile", "eager", "compile eager, stock (floor)"),
+    ("inductor", "patched", "compile", "inductor", "compile inductor, patched"),
+]
+
+
+def run_estimate(runner: Runner, args) -> dict:
+    data: dict = {}
+    for preset in args.presets:
+        cells: dict = {}
+        for rnd in range(args.fake_repeats(preset)):
+            for key, side, mode, backend, _ in ESTIMATE_RUNS:
+                wargs = ["estimate", "--preset", preset, "--mode", mode, "--seq", str(args.seq), "--steps", "2"]
+                wargs += ["--backend", backend] if backend else []
+                wargs += ["--after-calls", str(args.after_calls)] if args.after_calls is not None else []
+                what = mode if backend is None else f"{mode} {backend}"
+                res = runner.worker(side, f"estimate {preset} {what} round {rnd + 1}", wargs,
+                                    timeout=args.preset_timeout(preset))
+                cells.setdefault(key, []).append(res)
+        data[preset] = cells
+    return data
+
+
+def table_estimate(data: dict, args) -> str:
+    rows = [
+        "| preset | " + " | ".join(f"{label}: total (step 1 + step 2)" for *_, label in ESTIMATE_RUNS)
+        + " | total: inductor / floor | peak RSS, MB: " + " / ".join(
+            ("eager s", "eager p", "floor", "inductor p")) + " | peak RSS: inductor / floor |",
+        "|---|" + "---|" * (len(ESTIMATE_RUNS) + 3),
+    ]
+    regions = 0
     for preset, cells in data.items():
         cols = []
-        firsts: dict = {}
-        steadies: dict = {}
-        rss: dict = {}
-        for key, side, _ in FAKE_COLUMNS:
-            res = cells.get(f"{key}/{side}", [])
+        for key, *_ in ESTIMATE_RUNS:
+            res = cells.get(key, [])
             st = cell_status(res)
-            good = ok(res)
-            firsts[key, side] = med([r["first_s"] for r in good])
-            steadies[key, side] = med([r["steady_s"]["median"] for r in good])
-            rss[key, side] = med([r["peak_rss_mb"] for r in good])
             if st:
                 cols.append(st)
-            else:
-                cols.append(fmt_spread([r["first_s"] for r in good]) + " / "
-                            + fmt_spread([r["steady_s"]["median"] for r in good]))
-        c_first, c_steady = firsts["compile", "patched"], steadies["compile", "patched"]
-        w_first = firsts["wrap", "stock"]
-        bests = [s for s in (steadies["eager", "patched"], steadies["eager", "stock"], steadies["wrap", "stock"])
-                 if s is not None]
-        # The better of eager-under-fake and the flag; eager counts on either interpreter.
-        best = min(bests) if bests else None
-        first_ratio = fmt_ratio(c_first, w_first) + ", " + target(c_first, w_first, 0.5)
-        steady_ratio = fmt_ratio(c_steady, best) + ", " + target(c_steady, best, 1.1)
-        rss_cell = " / ".join("-" if rss[k] is None else f"{rss[k]:.0f}"
-                              for k in (("eager", "patched"), ("compile", "patched"), ("wrap", "stock")))
-        rss_ratio = fmt_ratio(rss["compile", "patched"], rss["eager", "patched"])
-        if backward and preset == "70B":
-            rss_ratio += ", " + target(rss["compile", "patched"], rss["eager", "patched"], 1.25)
-        rows.append(f"| {preset} | " + " | ".join(cols) + f" | {first_ratio} | {steady_ratio} | {rss_cell} | "
-                    f"{rss_ratio} |")
-    title = "forward + backward" if backward else "forward"
-    return f"### Model scale under FakeTensorMode, {title} (batch 1, seq {{seq}})\n\n" + "\n".join(rows) + "\n"
+                continue
+            good = ok(res)
+            regions += sum(1 for r in good if r.get("regions_compiled"))
+            steps = [med([r["steps_s"][i] for r in good]) for i in range(len(good[0]["steps_s"]))]
+            cols.append(fmt_spread(_pick(res, "total_s")) + " (" + " + ".join(fmt_t(v) for v in steps) + ")")
+        get = lambda key, field: med(_pick(cells.get(key, []), field))  # noqa: E731
+        total_ratio = ratio_target(get("inductor", "total_s"), get("floor", "total_s"), 1.2)
+        peaks = [get(key, "peak_rss_mb") for key, *_ in ESTIMATE_RUNS]
+        rows.append(f"| {preset} | " + " | ".join(cols) + f" | {total_ratio} | "
+                    + " / ".join("-" if v is None else f"{v:.0f}" for v in peaks)
+                    + f" | {fmt_ratio(peaks[3], peaks[2])} |")
+    note = ("no process built fake-mode regions (two calls of the model)" if not regions
+            else f"{regions} processes built fake-mode regions within the two steps")
+    return ("### Two-step training estimate under FakeTensorMode (batch 1, seq "
+            f"{args.seq}; forward, cross-entropy, backward, AdamW(foreach=True) step, zero_grad; "
+            f"the model compiled or not, the optimizer eager; {note})\n\n"
+            "floor = stock torch, `torch.compile(model, backend=\"eager\")`. Target: total, compile inductor "
+            "(the default backend), patched ≤ 1.2x the floor.\n\n" + "\n".join(rows) + "\n")
 
 
 def run_cache_hit(runner: Runner, args) -> dict:
@@ -341,6 +519,7 @@ def describe_python(py: str) -> dict:
             "m = max(os.path.getmtime(f) for f in glob.glob(d + '/**/*.py', recursive=True)); "
             "print(json.dumps({'torch': torch.__version__, 'python': sys.version.split()[0], "
             "'patch': hasattr(torch._dynamo.config, 'inherit_ambient_fake_mode'), 'path': d, "
+            "'after_calls': getattr(torch._dynamo.config, 'fake_mode_region_after_calls', None), "
             "'newest': time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(m))}))")
     try:
         out = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=120, check=True)
@@ -380,13 +559,19 @@ def parse_args(argv):
     parser.add_argument("--patched-python", default=default_python("TORCH_FORK_OVERLAY_PATCHED_PYTHON",
                                                                    ".venv/bin/python"))
     parser.add_argument("--quick", action="store_true",
-                        help="tiny preset only, 2 rounds, fewer calls: a few minutes")
+                        help="tiny preset only, no callgrind, 1 round of the fake-mode scenarios and 2 of the "
+                             "real-path ones, fewer calls: a few minutes")
     parser.add_argument("--scenarios", nargs="+", choices=ALL_SCENARIOS, default=None)
     parser.add_argument("--presets", nargs="+", choices=ALL_PRESETS, default=None)
     parser.add_argument("--repeats", type=int, default=None,
-                        help="processes per cell and side, alternating stock and patched (default 3, quick 2)")
+                        help="processes per cell and side, alternating stock and patched (default 3; quick: 2, "
+                             "and 1 for the tiny preset of the fake-mode scenarios)")
     parser.add_argument("--big-repeats", type=int, default=1, help="rounds for the 7B and 70B presets (default 1)")
-    parser.add_argument("--steady", type=int, default=None, help="steady-state calls per fake-mode process")
+    parser.add_argument("--steady", type=int, default=None,
+                        help="fake-mode calls measured after the call that builds the regions (default 5, quick 4)")
+    parser.add_argument("--after-calls", type=int, default=None,
+                        help="set torch._dynamo.config.fake_mode_region_after_calls in every fake-mode worker "
+                             "(default: the patched torch's own; shown in the table headers)")
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--calls", type=int, default=None, help="calls per timed block in cache-hit")
     parser.add_argument("--callgrind-calls", type=int, default=None, help="N for the callgrind difference")
@@ -405,15 +590,21 @@ def parse_args(argv):
         args.scenarios = [s for s in ALL_SCENARIOS if s != "callgrind"] if args.quick else ALL_SCENARIOS
     if args.presets is None:
         args.presets = ["tiny"] if args.quick else ALL_PRESETS
+    repeats_given = args.repeats is not None
     if args.repeats is None:
         args.repeats = 2 if args.quick else 3
     if args.steady is None:
-        args.steady = 3 if args.quick else 5
+        args.steady = 4 if args.quick else 5
+    if args.steady < 1 or (args.after_calls is not None and args.after_calls < 1):
+        parser.error("--steady and --after-calls must be at least 1")
     if args.calls is None:
         args.calls = 300 if args.quick else 2000
     if args.callgrind_calls is None:
         args.callgrind_calls = 1000
-    args.fake_repeats = lambda p: args.repeats if p == "tiny" else args.big_repeats
+    # --quick: the fake-mode scenarios have 8 processes per round (4 for estimate); one round of each is enough
+    # to see that everything runs.
+    tiny_rounds = 1 if args.quick and not repeats_given else args.repeats
+    args.fake_repeats = lambda p: tiny_rounds if p == "tiny" else args.big_repeats
     args.preset_timeout = lambda p: args.timeout if p == "tiny" else args.big_timeout
     return args
 
@@ -422,7 +613,9 @@ def count_workers(args) -> int:
     n = 0
     for s in args.scenarios:
         if s.startswith("fake-"):
-            n += sum(args.fake_repeats(p) for p in args.presets) * len(FAKE_COLUMNS)
+            n += sum(args.fake_repeats(p) for p in args.presets) * len(FAKE_RUNS)
+        elif s == "estimate":
+            n += sum(args.fake_repeats(p) for p in args.presets) * len(ESTIMATE_RUNS)
         elif s == "cache-hit":
             n += args.repeats * len(CACHE_HIT_VARIANTS) * 2
         elif s == "callgrind":
@@ -455,8 +648,9 @@ def make_report(args, pythons: dict, info: dict, sections: list[str], durations:
     if pending:
         header.append("- Not finished yet: " + ", ".join(pending))
     header += ["", "Times are medians over processes [min–max]; 'first' is the first call (compile included), "
-               "'steady' the median of the later calls in that process. Targets are issue 4's, shown as "
-               "information. See benchmarks/README.md for what each column measures.", ""]
+               "'steady' the median of the calls after the one that builds the fake-mode regions. Targets are "
+               "issues 4 and 9's, shown as information. See benchmarks/README.md for what each column "
+               "measures.", ""]
     return "\n".join(header) + "\n" + "\n".join(sections)
 
 
@@ -478,6 +672,10 @@ def main(argv=None) -> int:
     info = {side: describe_python(py) for side, py in pythons.items()}
     for side in pythons:
         log(f"{side}: {pythons[side]} -> {info[side]}")
+    # The op-by-op calls before the regions: the patched torch's default unless --after-calls; every fake-mode
+    # worker, stock ones included, gets it so both sides make the same calls.
+    args.after_calls_default = info["patched"].get("after_calls")
+    args.after_calls_used = args.after_calls or args.after_calls_default or 16
     runner = Runner(pythons=pythons, log_dir=log_dir, timeout=args.timeout, total=count_workers(args))
     sections, durations, raw = [], [], {}
     fmt = {"seq": args.seq, "calls": args.calls, "cg_backend": args.callgrind_backend,
@@ -487,10 +685,13 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         if scenario == "fake-fwd":
             data = run_fake(runner, args, backward=False)
-            sections.append(table_fake(data, backward=False).format(**fmt))
+            sections.append(table_fake(data, args, backward=False))
         elif scenario == "fake-fwdbwd":
             data = run_fake(runner, args, backward=True)
-            sections.append(table_fake(data, backward=True).format(**fmt))
+            sections.append(table_fake(data, args, backward=True))
+        elif scenario == "estimate":
+            data = run_estimate(runner, args)
+            sections.append(table_estimate(data, args))
         elif scenario == "cache-hit":
             data = run_cache_hit(runner, args)
             sections.append(table_cache_hit(data).format(**fmt))

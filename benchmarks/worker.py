@@ -5,13 +5,22 @@ inductor's caches are all per process. The result is one JSON object on the last
 ``BENCH_JSON``. Run it by hand to look at a single number, e.g.::
 
     python benchmarks/worker.py fake --preset tiny --mode eager --repeats 5
+    python benchmarks/worker.py fake --preset tiny --mode compile --backend aot_eager --backward
+    python benchmarks/worker.py estimate --preset tiny --mode compile --backend eager
     python benchmarks/worker.py cache-hit --variant linear --calls 2000
     python benchmarks/worker.py compile-real --seq 128
 
 Scenarios:
   fake          build a preset under a FakeTensorMode and call it (forward, or forward+backward with --backward):
-                --mode eager (no compile), compile (torch.compile(model), --backend, default inductor), or
-                compile-wrap (compile with torch._inductor.config.wrap_inductor_compiled_regions = True).
+                --mode eager (no compile), compile (torch.compile(model), --backend eager | aot_eager | inductor,
+                default inductor), or compile-wrap (compile with
+                torch._inductor.config.wrap_inductor_compiled_regions = True). The process makes after_calls + 1 +
+                --repeats calls (after_calls: torch._dynamo.config.fake_mode_region_after_calls, or --after-calls)
+                and reports every call's time, the RSS after each call, and on a patched torch the call that built
+                the fake-mode regions (counters["fake_mode"]["regions_compiled"] watched after each call).
+  estimate      a torchtitan-style two-step estimate under a FakeTensorMode: two steps of forward, cross-entropy
+                loss, backward, AdamW(foreach=True) step and zero_grad; the model is called as is (--mode eager) or
+                through torch.compile(model, backend=--backend) (--mode compile); the optimizer is eager.
   cache-hit     per-call cost of a compiled function on real tensors after warm-up (--variant one|eight|linear).
   callgrind     the cache-hit variants, each counted in a callgrind window (run under valgrind, see run.py)
   compile-real  first-call compile of the tiny decoder on real tensors, with a fresh inductor cache.
@@ -66,6 +75,44 @@ def _graph_count(torch) -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+# The patch's own default, used for the call count where a torch has no fake_mode_region_after_calls (stock).
+DEFAULT_AFTER_CALLS = 16
+
+
+def _after_calls(torch, args: argparse.Namespace) -> dict:
+    """Set and report after_calls: the op-by-op calls before a patched torch builds the regions.
+
+    On a patched torch, torch._dynamo.config.fake_mode_region_after_calls (its default, or --after-calls, which sets
+    it); on a torch without it (stock) only the number of calls the process makes, so both sides call alike.
+    """
+    cfg = torch._dynamo.config
+    default = getattr(cfg, "fake_mode_region_after_calls", None)
+    if args.after_calls is not None:
+        used, source = args.after_calls, "--after-calls"
+        if default is not None:
+            cfg.fake_mode_region_after_calls = args.after_calls
+    elif default is not None:
+        used, source = default, "config default"
+    else:
+        used, source = DEFAULT_AFTER_CALLS, "not in this torch; call count only"
+    return {"after_calls": used, "after_calls_source": source, "after_calls_default": default}
+
+
+def _regions_compiled(torch) -> int:
+    from torch._dynamo.utils import counters
+
+    # A stock torch never counts any: the counter is the patch's.
+    return int(counters["fake_mode"].get("regions_compiled", 0))
+
+
+def _stock_inductor_skip(args: argparse.Namespace, info: dict) -> dict | None:
+    if args.mode == "compile" and args.backend == "inductor" and not info["patch_present"] and not args.force:
+        # Stock inductor kernels read the fakes' (absent) data and crash the process; say so instead.
+        return {"status": "skipped",
+                "reason": "stock torch: inductor under FakeTensorMode segfaults (use --force to see)"}
+    return None
+
+
 def run_fake(args: argparse.Namespace) -> dict:
     torch, info = _import_torch()
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -75,21 +122,28 @@ def run_fake(args: argparse.Namespace) -> dict:
 
     torch.manual_seed(0)
     result = dict(info)
-    if args.mode in ("compile", "compile-wrap") and args.backend == "inductor":
-        if args.mode == "compile" and not info["patch_present"] and not args.force:
-            # Stock inductor kernels read the fakes' (absent) data and crash the process; say so instead.
-            result["status"] = "skipped"
-            result["reason"] = "stock torch: inductor under FakeTensorMode segfaults (use --force to see)"
-            return result
-        if args.mode == "compile-wrap":
-            torch._inductor.config.wrap_inductor_compiled_regions = True
+    result["backend"] = None if args.mode == "eager" else args.backend
+    skip = _stock_inductor_skip(args, info)
+    if skip:
+        result.update(skip)
+        return result
+    if args.mode == "compile-wrap":
+        torch._inductor.config.wrap_inductor_compiled_regions = True
+    result.update(_after_calls(torch, args))
+    after_calls = result["after_calls"]
+    # Calls 0 .. after_calls - 1 run op by op (call 0 compiles), call after_calls builds the regions on a patched
+    # torch, then --repeats steady-state calls. Every mode makes the same calls, so the columns line up.
+    n_calls = after_calls + 1 + args.repeats
 
     dtype = getattr(torch, args.dtype)
     with FakeTensorMode():
         t0 = time.perf_counter()
         model, tokens = models.build(args.preset, seq=args.seq, dtype=dtype)
         result["build_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
         fn = model if args.mode == "eager" else torch.compile(model, backend=args.backend)
+        # torch.compile() itself (lazy imports, no tracing yet); not part of any call's time.
+        result["compile_call_s"] = time.perf_counter() - t0
 
         def step():
             out = fn(tokens)
@@ -99,18 +153,85 @@ def run_fake(args: argparse.Namespace) -> dict:
                     p.grad = None
             return out
 
-        t0 = time.perf_counter()
-        out = step()
-        result["first_s"] = time.perf_counter() - t0
-        result["rss_after_first_mb"] = _rss_mb()
-        samples = []
-        for _ in range(args.repeats):
+        calls, rss, regions = [], [], []
+        for _ in range(n_calls):
             t0 = time.perf_counter()
             out = step()
-            samples.append(time.perf_counter() - t0)
-        result["steady_s"] = _summary(samples)
+            calls.append(time.perf_counter() - t0)
+            rss.append(_rss_mb())
+            regions.append(_regions_compiled(torch))
         result["out_type"] = type(out).__name__
         result["out_shape"] = list(out.shape)
+
+    result["calls_s"] = calls
+    result["rss_after_call_mb"] = rss
+    result["first_s"] = calls[0]
+    result["rss_after_first_mb"] = rss[0]
+    result["regions_compiled"] = regions[-1]
+    # The calls on which the counter went up (one per compiled entry; all entries of a model count alike).
+    built = [i for i, n in enumerate(regions) if n > (regions[i - 1] if i else 0)]
+    result["regions_calls"] = built
+    result["regions_call"] = built[0] if built else None
+    # Split the calls where the regions were built, or where they would be (no regions: stock, eager, failed).
+    split = built[0] if built else min(after_calls, n_calls - 1)
+    result["split_call"] = split
+    result["op_by_op_s"] = _summary(calls[1:split]) if split > 1 else None
+    result["split_call_s"] = calls[split]
+    result["steady_s"] = _summary(calls[split + 1:]) if split + 1 < n_calls else None
+    result["rss_before_split_mb"] = rss[split - 1] if split else None
+    if args.mode != "eager":
+        result["graphs"] = _graph_count(torch)
+    result["status"] = "ok"
+    return result
+
+
+def run_estimate(args: argparse.Namespace) -> dict:
+    torch, info = _import_torch()
+    import torch.nn.functional as F
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import models
+
+    torch.manual_seed(0)
+    result = dict(info)
+    result["backend"] = None if args.mode == "eager" else args.backend
+    skip = _stock_inductor_skip(args, info)
+    if skip:
+        result.update(skip)
+        return result
+    result.update(_after_calls(torch, args))
+
+    dtype = getattr(torch, args.dtype)
+    with FakeTensorMode():
+        t0 = time.perf_counter()
+        model, tokens = models.build(args.preset, seq=args.seq, dtype=dtype)
+        labels = torch.randint(0, models.PRESETS[args.preset].vocab, tokens.shape)
+        result["build_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        fn = model if args.mode == "eager" else torch.compile(model, backend=args.backend)
+        # torch.compile() itself (lazy imports, no tracing yet); not part of the steps' time.
+        result["compile_call_s"] = time.perf_counter() - t0
+        optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+
+        steps, rss = [], []
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            logits = fn(tokens)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            steps.append(time.perf_counter() - t0)
+            rss.append(_rss_mb())
+        result["loss_type"] = type(loss).__name__
+        result["optimizer_state_tensors"] = sum(
+            isinstance(v, torch.Tensor) for state in optimizer.state.values() for v in state.values())
+
+    result["steps_s"] = steps
+    result["total_s"] = sum(steps)
+    result["rss_after_step_mb"] = rss
+    result["regions_compiled"] = _regions_compiled(torch)
     if args.mode != "eager":
         result["graphs"] = _graph_count(torch)
     result["status"] = "ok"
@@ -226,13 +347,31 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("fake", help="a preset under FakeTensorMode: eager, compile, or compile-wrap")
     p.add_argument("--preset", default="tiny", choices=["tiny", "7B", "70B"])
     p.add_argument("--mode", default="eager", choices=["eager", "compile", "compile-wrap"])
-    p.add_argument("--backend", default="inductor", help="torch.compile backend for the compile modes")
+    p.add_argument("--backend", default="inductor", choices=["eager", "aot_eager", "inductor"],
+                   help="torch.compile backend for --mode compile (compile-wrap is inductor)")
     p.add_argument("--backward", action="store_true", help="forward + backward of mean(logits)")
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--repeats", type=int, default=5, help="steady-state calls after the first")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="steady-state calls after the call that builds the regions (default 5)")
+    p.add_argument("--after-calls", type=int, default=None,
+                   help="set torch._dynamo.config.fake_mode_region_after_calls (default: the torch's own; 16 "
+                        "where it has none); the process makes after_calls + 1 + --repeats calls")
     p.add_argument("--force", action="store_true", help="run stock inductor under fake even though it crashes")
     p.set_defaults(func=run_fake)
+
+    p = sub.add_parser("estimate", help="two training steps (forward, loss, backward, AdamW) under FakeTensorMode")
+    p.add_argument("--preset", default="tiny", choices=["tiny", "7B", "70B"])
+    p.add_argument("--mode", default="eager", choices=["eager", "compile"])
+    p.add_argument("--backend", default="inductor", choices=["eager", "aot_eager", "inductor"],
+                   help="torch.compile backend for --mode compile")
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--after-calls", type=int, default=None,
+                   help="set torch._dynamo.config.fake_mode_region_after_calls (default: the torch's own)")
+    p.add_argument("--force", action="store_true", help="run stock inductor under fake even though it crashes")
+    p.set_defaults(func=run_estimate)
 
     p = sub.add_parser("cache-hit", help="per-call cost of a compiled function on real tensors")
     p.add_argument("--variant", default="one", choices=["one", "eight", "linear"])
@@ -260,6 +399,10 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=run_compile_real)
 
     args = parser.parse_args(argv)
+    if getattr(args, "after_calls", None) is not None and args.after_calls < 1:
+        parser.error("--after-calls must be at least 1")
+    if args.scenario == "fake" and args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     if args.scenario == "compile-real" and not args.keep_cache:
         # Must happen before torch is imported: inductor reads these at import / first use.
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-inductor-")

@@ -2,7 +2,7 @@
 
 This guards benchmarks/ against bit-rot; it measures nothing. It runs the worker on the interpreter running pytest
 (skipped where that interpreter has no torch) with the eager / aot_eager backends so it takes seconds, not an
-inductor compile.
+inductor compile, and renders run.py's tables from made-up results.
 """
 
 import importlib.util
@@ -37,15 +37,51 @@ def check_common(result: dict) -> None:
 
 
 @needs_torch
-@pytest.mark.parametrize("mode,extra", [("eager", []), ("compile", ["--backend", "aot_eager", "--backward"])])
+@pytest.mark.parametrize("mode,extra", [("eager", []), ("compile", ["--backend", "aot_eager", "--backward"]),
+                                        ("compile", ["--backend", "eager"])])
 def test_fake_tiny(mode, extra):
-    result = run_worker("fake", "--preset", "tiny", "--mode", mode, "--seq", "16", "--repeats", "1", *extra)
+    result = run_worker("fake", "--preset", "tiny", "--mode", mode, "--seq", "16", "--repeats", "1",
+                        "--after-calls", "2", *extra)
     check_common(result)
     assert result["out_type"] == "FakeTensor"
     assert result["out_shape"] == [1, 16, 32000]
+    assert result["after_calls"] == 2
+    # after_calls op-by-op calls (the first compiles), the call that builds the regions, --repeats more.
+    assert len(result["calls_s"]) == len(result["rss_after_call_mb"]) == 2 + 1 + 1
+    assert result["first_s"] == result["calls_s"][0]
     assert 0 < result["first_s"] < 120
+    assert result["rss_after_first_mb"] <= result["peak_rss_mb"]
     assert result["steady_s"]["n"] == 1
     assert 0 < result["steady_s"]["min"] <= result["steady_s"]["median"] <= result["steady_s"]["max"]
+    assert result["split_call_s"] == result["calls_s"][result["split_call"]]
+    if result["regions_call"] is not None:
+        assert result["patch_present"] and mode == "compile"
+        assert result["regions_compiled"] >= 1 and result["split_call"] == result["regions_call"]
+    else:
+        assert result["split_call"] == 2
+    if mode == "compile":
+        assert result["graphs"] >= 1
+
+
+@needs_torch
+def test_fake_stock_inductor_is_skipped_not_run():
+    result = run_worker("fake", "--preset", "tiny", "--mode", "compile", "--backend", "inductor", "--seq", "16",
+                        "--repeats", "1", "--after-calls", "1")
+    if result["patch_present"]:
+        pytest.skip("a patched torch runs inductor under fake mode; that is an inductor compile, not seconds")
+    assert result["status"] == "skipped" and "segfault" in result["reason"]
+
+
+@needs_torch
+@pytest.mark.parametrize("mode,extra", [("eager", []), ("compile", ["--backend", "eager"])])
+def test_estimate_tiny(mode, extra):
+    result = run_worker("estimate", "--preset", "tiny", "--mode", mode, "--seq", "16", *extra)
+    check_common(result)
+    assert result["loss_type"] == "FakeTensor"
+    assert len(result["steps_s"]) == len(result["rss_after_step_mb"]) == 2
+    assert result["total_s"] == pytest.approx(sum(result["steps_s"]))
+    # AdamW's state: step, exp_avg, exp_avg_sq per parameter.
+    assert result["optimizer_state_tensors"] > 0 and result["optimizer_state_tensors"] % 3 == 0
     if mode == "compile":
         assert result["graphs"] >= 1
 
@@ -80,3 +116,43 @@ def test_runner_missing_interpreter(tmp_path):
                            "--output", "-"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "does not exist" in proc.stderr and "--stock-python" in proc.stderr
+
+
+def _load_runner():
+    spec = importlib.util.spec_from_file_location("bench_run", RUNNER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_runner_tables_render():
+    # The tables from made-up worker results (ok, skipped, timeout): run.py's formatting against the worker's keys,
+    # without starting a process.
+    run = _load_runner()
+    args = run.parse_args(["--quick"])
+    args.after_calls_default = args.after_calls_used = 3
+    calls = [1.0, 0.1, 0.1, 2.0] + [0.01] * args.steady
+
+    def fake(key, side, mode, backend, preset):
+        if preset == "70B" and key == "flag":
+            return {"status": "timeout", "reason": "killed after 1s"}
+        built = side == "patched" and mode == "compile"
+        return {"status": "ok", "patch_present": side == "patched", "after_calls": 3, "calls_s": calls,
+                "first_s": calls[0], "rss_after_first_mb": 700.0, "peak_rss_mb": 760.0 if built else 700.0,
+                "regions_call": 3 if built else None, "split_call": 3, "split_call_s": calls[3],
+                "op_by_op_s": {"median": 0.1}, "steady_s": {"median": 0.01 if built else 0.1}}
+
+    data = {p: {k: [fake(k, s, m, b, p)] for k, s, m, b, _ in run.FAKE_RUNS} for p in ("tiny", "70B")}
+    for backward in (False, True):
+        text = run.table_fake(data, args, backward=backward)
+        assert "after_calls = 3" in text and "| 70B | flag, stock | timeout |" in text
+        assert "(call 4)" in text and "not met" not in text
+        assert text.count("\n| tiny |") == len(run.FIRST_CALL_ROWS) + 1
+        assert ("RSS / eager met (≤1.2x)" in text) == backward
+
+    est = {"tiny": {k: [{"status": "ok", "steps_s": [1.0, 0.2], "total_s": 1.2, "peak_rss_mb": 800.0,
+                         "regions_compiled": 0}] for k, *_ in run.ESTIMATE_RUNS}}
+    text = run.table_estimate(est, args)
+    assert "1.00x, met (≤1.2x)" in text and "1.20 s (1.00 s + 200.0 ms)" in text
+    est["tiny"]["inductor"] = [{"status": "skipped", "reason": "stock torch"}]
+    assert "skipped: stock torch" in run.table_estimate(est, args)
