@@ -11,7 +11,8 @@ inductor's caches are all per process. The result is one JSON object on the last
     python benchmarks/worker.py compile-real --seq 128
 
 Scenarios:
-  fake          build a preset under a FakeTensorMode and call it (forward, or forward+backward with --backward):
+  fake          build a preset under a FakeTensorMode and call it (forward under torch.no_grad(), or
+                forward+backward with --backward):
                 --mode eager (no compile), compile (torch.compile(model), --backend eager | aot_eager | inductor,
                 default inductor), or compile-wrap (compile with
                 torch._inductor.config.wrap_inductor_compiled_regions = True). The process makes after_calls + 1 +
@@ -156,7 +157,9 @@ def run_fake(args: argparse.Namespace) -> dict:
         calls, rss, regions = [], [], []
         for _ in range(n_calls):
             t0 = time.perf_counter()
-            out = step()
+            # Forward alone is inference, as people estimate it: under no_grad.
+            with _nullcontext() if args.backward else torch.no_grad():
+                out = step()
             calls.append(time.perf_counter() - t0)
             rss.append(_rss_mb())
             regions.append(_regions_compiled(torch))
