@@ -180,9 +180,14 @@ def torch_version_of(python: str) -> str:
 def run_on_stock(tmp_path, python: str, names: list[str]) -> dict[str, str | None]:
     report = tmp_path / "junit.xml"
     ids = [f"{TEST_FILE}::{CLASS}::{name}" for name in names]
+    # stock_config_shim: stock torch lacks the patch's config switches, which the
+    # tests set; without them every test would fail in setUp for that alone.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "test"),
+                                                                    os.environ.get("PYTHONPATH")])))
     proc = subprocess.run(
-        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *ids],
-        cwd=REPO, capture_output=True, text=True, timeout=900,
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "stock_config_shim",
+         f"--junitxml={report}", *ids],
+        cwd=REPO, capture_output=True, text=True, timeout=900, env=env,
     )
     assert report.exists(), f"stock pytest wrote no report:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     results = {}

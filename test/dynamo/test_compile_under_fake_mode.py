@@ -1019,7 +1019,8 @@ class GraphModule(torch.nn.Module):
         self.assertEqual(regions_compiled(), 1)
         self.assertGreater(len(set(region_cache_keys()) - before), 0)
         del fn
-        torch._dynamo.reset()
+        # Not reset(): since torch 2.14 it also clears the whole dispatch cache.
+        torch._dynamo.reset_code_caches()
         gc.collect()
         self.assertEqual(set(region_cache_keys()) - before, set())
 
