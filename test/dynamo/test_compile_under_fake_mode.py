@@ -1103,6 +1103,27 @@ class GraphModule(torch.nn.Module):
         self.assertEqual(cnt.frame_count, 0)
         self.assertEqual(meta_of(out), meta_of(ref))
 
+    @parametrize("observer", ["FlopCounterMode", "MemTracker", "CommDebugMode"])
+    def test_frames_compile_under_observer_modes(self, observer):
+        # Observers PyTorch ships, entered as users enter them.
+        if observer == "FlopCounterMode":
+            make_mode = functools.partial(FlopCounterMode, display=False)
+        elif observer == "MemTracker":
+            from torch.distributed._tools.mem_tracker import MemTracker as make_mode
+        else:
+            from torch.distributed.tensor.debug import CommDebugMode as make_mode
+
+        cnt = CompileCounterWithBackend("eager")
+        mode = FakeTensorMode()
+        with mode:
+            x = torch.randn(4, 4)
+            with make_mode():
+                out = torch.compile(
+                    lambda x: (x @ x).relu(), backend=cnt, fullgraph=True
+                )(x)
+        self.assertEqual(cnt.frame_count, 1)
+        self.assertOwnedLikeEager(out, torch.empty_like(out), mode)
+
     # 22. Under a guard filter, real and fake entries stay apart by input type.
     @parametrize("first", ["real", "fake"])
     def test_guard_filter_keeps_real_and_fake_inputs_apart(self, first):
