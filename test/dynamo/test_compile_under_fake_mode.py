@@ -56,9 +56,12 @@ BACKENDS = ["eager", "aot_eager", "inductor"]
 HAS_DEBUG_MODE = DebugMode is not None
 # Behind torch._dynamo.config.enable_aot_compile (off by default before 2.12).
 HAS_AOT_COMPILE = hasattr(torch._dynamo.config, "enable_aot_compile")
+# torch 2.11 has force_compile_during_fx_trace, but make_fx through a compiled
+# function fails there (Dynamo's guard self-check, on make_fx's
+# torch_fn_counts) in every tracing mode.
 HAS_FORCE_COMPILE_DURING_FX_TRACE = hasattr(
     torch._dynamo.config, "force_compile_during_fx_trace"
-)
+) and torch.torch_version.TorchVersion(torch.__version__) >= (2, 12)
 # FakeTensorMode's "Mixing fake modes" error names both modes since torch 2.12.
 HAS_NAMED_MIXED_FAKE_MODES_ERROR = torch.torch_version.TorchVersion(
     torch.__version__
@@ -757,7 +760,7 @@ class GraphModule(torch.nn.Module):
     @unittest.skipUnless(
         HAS_FORCE_COMPILE_DURING_FX_TRACE,
         "make_fx traces through compiled functions (force_compile_during_fx_trace)"
-        " since torch 2.11",
+        " since torch 2.12",
     )
     def test_make_fx_through_compiled_function_is_unchanged(self):
         fn = torch.compile(lambda x: x.sin() + 1, backend="eager")
