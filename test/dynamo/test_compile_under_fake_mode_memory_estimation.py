@@ -4,10 +4,13 @@ torchtitan's memory estimator (scripts/estimate/estimation.py in
 pytorch/torchtitan) with compile on: a fake process group, a Llama built on
 meta and materialized under FakeTensorMode, FSDP2 per block, per-block
 torch.compile(fullgraph=True), and two train steps under FSDPMemTracker. The
-estimate with compile on must equal the one with compile off.
+estimate with compile on must equal the one with compile off. The torchtitan
+tests run torchtitan's own Llama3 and FSDP2 helper where torchtitan is
+installed (pip install torchtitan), and skip otherwise.
 See Note [Inheriting the ambient FakeTensorMode] in torch/_dynamo/output_graph.py
 """
 
+import importlib.util
 import unittest
 
 import torch
@@ -114,7 +117,13 @@ def apply_fsdp(model, mesh):
     fully_shard(model, mesh=mesh)
 
 
-def estimate_memory(backend=None, *, build_model=Transformer, compile_fn=apply_compile):
+def estimate_memory(
+    backend=None,
+    *,
+    build_model=Transformer,
+    compile_fn=apply_compile,
+    fsdp_fn=apply_fsdp,
+):
     """
     The estimator's flow, unchanged but for compile: returns the tracker's
     peak per category and each module's local peak, after two train steps.
@@ -125,7 +134,7 @@ def estimate_memory(backend=None, *, build_model=Transformer, compile_fn=apply_c
             model = build_model()
         if backend is not None:
             compile_fn(model, backend)
-        apply_fsdp(model, mesh)
+        fsdp_fn(model, mesh)
         model.to_empty(device="cpu")
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
@@ -225,24 +234,115 @@ class MemoryEstimationWithCompileTests(torch._dynamo.test_case.TestCase):
             torch.compile(lambda x: x + 1, backend=cnt)(torch.randn(3))
         self.assertEqual(cnt.frame_count, 0)
 
-    @unittest.skipIf(
-        __import__("importlib").util.find_spec("torchtitan") is None,
-        "torchtitan is not installed (pip install torchtitan)",
-    )
+    def _torchtitan(self):
+        """
+        torchtitan's Llama3 "debugmodel" flavor, shrunk, and its FSDP2 and
+        compile helpers, as build_model, fsdp_fn and compile_fn; skips the
+        test where torchtitan does not install or import.
+        """
+        if importlib.util.find_spec("torchtitan") is None:
+            self.skipTest("torchtitan is not installed (pip install torchtitan)")
+        # Importing torchtitan's models replaces FakeTensorMode.__init__
+        # (torchtitan/distributed/compile.py): restore it after the test.
+        self.addCleanup(setattr, FakeTensorMode, "__init__", FakeTensorMode.__init__)
+        try:
+            from torchtitan.config import CompileConfig, TORCH_DTYPE_MAP, TrainingConfig
+            from torchtitan.distributed import ParallelDims
+            from torchtitan.distributed.compile import apply_compile as titan_compile
+            from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+            from torchtitan.models.common.attention import ScaledDotProductAttention
+            from torchtitan.models.llama3 import Llama3Model, llama3_configs
+        except Exception as e:  # not installed, or built for another torch
+            self.skipTest(f"torchtitan does not import here: {e!r}")
+
+        def build_model():
+            # 2 of the flavor's 6 blocks (dim 256, 16 heads, vocab 2048), RoPE
+            # for 16 tokens, and torchtitan's causal SDPA: the flavor's flex
+            # attention needs the block masks its trainer passes, and
+            # estimate_memory passes tokens only.
+            config = llama3_configs["debugmodel"](attn_backend="flex")
+            config.layers = config.layers[:2]
+            for layer in config.layers:
+                layer.attention.inner_attention = ScaledDotProductAttention.Config()
+                layer.attention.rope.max_seq_len = 16
+            return Llama3Model(config)
+
+        training = TrainingConfig()  # bf16 params, fp32 reduce, as it trains
+
+        def fsdp_fn(model, mesh):
+            apply_fsdp_to_decoder(
+                model,
+                mesh,
+                param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
+                reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
+                pp_enabled=False,
+            )
+
+        def compile_fn(model, backend):
+            parallel_dims = ParallelDims(
+                dp_replicate=1,
+                dp_shard=WORLD_SIZE,
+                cp=1,
+                tp=1,
+                pp=1,
+                ep=1,
+                world_size=WORLD_SIZE,
+                spmd_backend="partial_dtensor",
+            )
+            titan_compile(
+                model,
+                compile_config=CompileConfig(enable=True, backend=backend),
+                parallel_dims=parallel_dims,
+            )
+
+        # torchtitan's compile helper sets these: keep them for the whole test
+        # (compile off too), and undo them after it.
+        config_patch = torch._dynamo.config.patch(
+            capture_scalar_outputs=True,
+            skip_fwd_side_effects_in_bwd_under_checkpoint=True,
+        )
+        config_patch.__enter__()
+        self.addCleanup(config_patch.__exit__, None, None, None)
+        return build_model, fsdp_fn, compile_fn
+
     @parametrize("backend", BACKENDS)
     def test_torchtitan_llama3_estimate_with_compile(self, backend):
-        try:
-            from torchtitan.models.llama3.model.args import TransformerModelArgs
-            from torchtitan.models.llama3.model.model import Transformer as Llama3
-        except ImportError as e:
-            self.skipTest(f"torchtitan's llama3 model does not import here: {e}")
-
-        args = TransformerModelArgs(
-            dim=64, n_layers=2, n_heads=4, vocab_size=256, max_seq_len=16
+        # torchtitan's model and FSDP2 (the embeddings, the norm with the
+        # output, each block, and the root); each block compiled whole by
+        # torch.compile(block, fullgraph=True), as torchtitan's helper did
+        # before it compiled blocks in place. Stock torch: "found no compiled
+        # frames".
+        build_model, fsdp_fn, _ = self._torchtitan()
+        estimate_memory(build_model=build_model, fsdp_fn=fsdp_fn)
+        peak_off, _ = estimate_memory(build_model=build_model, fsdp_fn=fsdp_fn)
+        cnt = CompileCounterWithBackend(backend)
+        peak_on, module_peaks_on = estimate_memory(
+            cnt, build_model=build_model, fsdp_fn=fsdp_fn
         )
-        estimate_memory(build_model=lambda: Llama3(args))
-        peak_off, _ = estimate_memory(build_model=lambda: Llama3(args))
-        peak_on, _ = estimate_memory(backend, build_model=lambda: Llama3(args))
+        self.assertEqual(cnt.frame_count, 1)
+        self.assertGreater(cnt.op_count, 0)
+        self.assertEqual(peak_on, peak_off)
+        total = peak_on["cpu"]
+        for kind in ("SHARDED_PARAM", "UNSHARDED_PARAM", "BUFFER", "OPT"):
+            self.assertGreater(total[f"_FSDPRefType.{kind}"], 0, kind)
+        for block in ("FSDPLlama3Model.layers.0", "FSDPLlama3Model.layers.1"):
+            self.assertIn(block, module_peaks_on)
+
+    # torchtitan's own compile helper compiles each block in place
+    # (Module.compile), so the block's hooks run inside the compiled call:
+    # Dynamo compiles the frames FSDPMemTracker's bookkeeping calls, and with
+    # fullgraph=True fails on a generator among them ("Attempt to trace
+    # generator", from an Enum's iteration in MemTracker._update_snap). With
+    # more blocks than recompile_limit, ModTracker's hooks alone hit the
+    # limit, as on stock torch with real tensors.
+    @unittest.expectedFailure
+    def test_torchtitan_apply_compile_estimate(self):
+        build_model, fsdp_fn, compile_fn = self._torchtitan()
+        estimate_memory(build_model=build_model, fsdp_fn=fsdp_fn)
+        peak_off, _ = estimate_memory(build_model=build_model, fsdp_fn=fsdp_fn)
+        peak_on, _ = estimate_memory(
+            "eager", build_model=build_model, compile_fn=compile_fn, fsdp_fn=fsdp_fn
+        )
         self.assertEqual(peak_on, peak_off)
 
 
