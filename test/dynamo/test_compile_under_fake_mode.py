@@ -64,8 +64,9 @@ HAS_NAMED_MIXED_FAKE_MODES_ERROR = torch.torch_version.TorchVersion(
     torch.__version__
 ) >= (2, 12)
 # Without a GPU, FakeTensorMode.__enter__ calls
-# torch._C._ensureCUDADeviceGuardSet, which crashes torch 2.10 and 2.11 when
-# called from a second thread (use after free, pytorch/pytorch#178950).
+# torch._C._ensureCUDADeviceGuardSet, which crashes torch 2.10 when called
+# from a second thread (use after free, pytorch/pytorch#178950); 2.12.1 does
+# not, 2.11 is untested and assumed to.
 HAS_THREAD_SAFE_FAKE_MODE_ENTER = torch.cuda.is_available() or not (
     (2, 10) <= torch.torch_version.TorchVersion(torch.__version__) < (2, 12)
 )
