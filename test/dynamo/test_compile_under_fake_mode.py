@@ -54,8 +54,7 @@ BACKENDS = ["eager", "aot_eager", "inductor"]
 # The same file runs against every patched release; a test of a feature a
 # release lacks is skipped, naming the feature.
 HAS_DEBUG_MODE = DebugMode is not None
-# Behind torch._dynamo.config.enable_aot_compile (off by default before 2.12).
-HAS_AOT_COMPILE = hasattr(torch._dynamo.config, "enable_aot_compile")
+HAS_AOT_COMPILE = hasattr(torch.compile(lambda x: x), "aot_compile")
 HAS_FORCE_COMPILE_DURING_FX_TRACE = hasattr(
     torch._dynamo.config, "force_compile_during_fx_trace"
 )
@@ -63,13 +62,6 @@ HAS_FORCE_COMPILE_DURING_FX_TRACE = hasattr(
 HAS_NAMED_MIXED_FAKE_MODES_ERROR = torch.torch_version.TorchVersion(
     torch.__version__
 ) >= (2, 12)
-# Without a GPU, FakeTensorMode.__enter__ calls
-# torch._C._ensureCUDADeviceGuardSet, which crashes torch 2.10 when called
-# from a second thread (use after free, pytorch/pytorch#178950); 2.12.1 does
-# not, 2.11 is untested and assumed to.
-HAS_THREAD_SAFE_FAKE_MODE_ENTER = torch.cuda.is_available() or not (
-    (2, 10) <= torch.torch_version.TorchVersion(torch.__version__) < (2, 12)
-)
 HAS_PRECOMPILE_PACKAGE = (
     importlib.util.find_spec("torch._dynamo.precompile_package") is not None
 )
@@ -947,9 +939,9 @@ class GraphModule(torch.nn.Module):
 
     # 18. Memory: regions go with the compiled function.
     def test_region_cache_entries_go_with_the_compiled_function(self):
-        # Keys of graphs an earlier test left alive must not count: reset()
-        # keeps a graph-broken frame's compiled function in its module's globals.
-        FakeTensorMode.cache_clear()
+        # Only this test's keys: before torch 2.14, reset() keeps the dispatch
+        # cache, and an earlier test's regions may still be alive.
+        before = set(region_cache_keys())
         with torch._dynamo.config.patch(fake_mode_region_after_calls=0):
             fn = torch.compile(lambda x: x.sin().cos(), backend="inductor")
             with FakeTensorMode():
@@ -957,18 +949,16 @@ class GraphModule(torch.nn.Module):
                 fn(x)
                 fn(x)
         self.assertEqual(regions_compiled(), 1)
-        self.assertGreater(len(region_cache_keys()), 0)
+        self.assertGreater(len(set(region_cache_keys()) - before), 0)
         del fn
-        torch._dynamo.reset()
+        # Not reset(): since torch 2.14 it also clears the whole dispatch cache.
+        torch._dynamo.reset_code_caches()
         gc.collect()
-        self.assertEqual(region_cache_keys(), [])
+        self.assertEqual(set(region_cache_keys()) - before, set())
 
     # 19. The captured mode belongs to the thread that compiles.
-    @unittest.skipUnless(HAS_AOT_COMPILE, "aot_compile was added in torch 2.9")
     @unittest.skipUnless(
-        HAS_THREAD_SAFE_FAKE_MODE_ENTER,
-        "FakeTensorMode entered from a second thread crashes torch 2.10 and 2.11"
-        " without a GPU (pytorch/pytorch#178950)",
+        HAS_AOT_COMPILE, "aot_compile is enabled by default since torch 2.12"
     )
     def test_ambient_fake_mode_is_per_thread(self):
         # Thread A compiles under a fake mode and waits inside its backend;
@@ -995,10 +985,9 @@ class GraphModule(torch.nn.Module):
                 return x * 3
 
             x = torch.randn(2)
-            with torch._dynamo.config.patch(enable_aot_compile=True):
-                aot = torch.compile(g, backend="inductor", fullgraph=True).aot_compile(
-                    ((x,), {})
-                )
+            aot = torch.compile(g, backend="inductor", fullgraph=True).aot_compile(
+                ((x,), {})
+            )
             self.assertEqual(aot(x), x * 3)
         finally:
             release.set()
