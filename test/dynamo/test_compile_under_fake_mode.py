@@ -55,8 +55,10 @@ BACKENDS = ["eager", "aot_eager", "inductor"]
 # The same file runs against every patched release; a test of a feature a
 # release lacks is skipped, naming the feature.
 HAS_DEBUG_MODE = DebugMode is not None
-# Behind torch._dynamo.config.enable_aot_compile (off by default before 2.12).
-HAS_AOT_COMPILE = hasattr(torch._dynamo.config, "enable_aot_compile")
+# aot_compile is on by default since torch 2.12 (before, it needs compile
+# caches these tests turn off, and on 2.10 and 2.11 without a GPU entering a
+# FakeTensorMode from a second thread crashes).
+HAS_AOT_COMPILE = getattr(torch._dynamo.config, "enable_aot_compile", False)
 # torch 2.11 has force_compile_during_fx_trace, but make_fx through a compiled
 # function fails there (Dynamo's guard self-check, on make_fx's
 # torch_fn_counts) in every tracing mode.
@@ -67,12 +69,6 @@ HAS_FORCE_COMPILE_DURING_FX_TRACE = hasattr(
 HAS_NAMED_MIXED_FAKE_MODES_ERROR = torch.torch_version.TorchVersion(
     torch.__version__
 ) >= (2, 12)
-# Without a GPU, FakeTensorMode.__enter__ calls
-# torch._C._ensureCUDADeviceGuardSet, which crashes torch 2.10 and 2.11 when
-# called from a second thread; 2.12.1 does not.
-HAS_THREAD_SAFE_FAKE_MODE_ENTER = torch.cuda.is_available() or not (
-    (2, 10) <= torch.torch_version.TorchVersion(torch.__version__) < (2, 12)
-)
 HAS_PRECOMPILE_PACKAGE = (
     importlib.util.find_spec("torch._dynamo.precompile_package") is not None
 )
@@ -1040,11 +1036,8 @@ class GraphModule(torch.nn.Module):
         self.assertEqual(set(region_cache_keys()) - before, set())
 
     # 19. The captured mode belongs to the thread that compiles.
-    @unittest.skipUnless(HAS_AOT_COMPILE, "aot_compile was added in torch 2.9")
     @unittest.skipUnless(
-        HAS_THREAD_SAFE_FAKE_MODE_ENTER,
-        "FakeTensorMode entered from a second thread crashes torch 2.10 and 2.11"
-        " without a GPU (pytorch/pytorch#178950)",
+        HAS_AOT_COMPILE, "aot_compile is enabled by default since torch 2.12"
     )
     def test_ambient_fake_mode_is_per_thread(self):
         # Thread A compiles under a fake mode and waits inside its backend;
