@@ -961,13 +961,17 @@ class GraphModule(torch.nn.Module):
         with mode:
             fake = torch.randn(4)
             self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
-        # And the real entry still serves real calls. It is the only entry and
-        # has no guards at all, as the filter asks.
+        # And the real entry still serves real calls. It is the only entry, and
+        # holds no guard on the inputs or the fake mode: the filter dropped them.
+        # (Releases before 2.10 keep two global-state guards regardless.)
         self.assertEqual(fn(real), real * 2 + 1)
         self.assertEqual(frames_compiled(), 1)
         (entry,) = torch._dynamo.eval_frame._debug_get_cache_entry_list(f)
-        self.assertEqual(len(entry.guard_manager.root.get_leaf_guards()), 0)
-        self.assertEqual(len(entry.guard_manager.root.get_accessors()), 0)
+        root = entry.guard_manager.root
+        self.assertEqual(len(root.get_accessors()), 0)
+        self.assertNotIn(
+            "LAMBDA_GUARD", [type(guard).__name__ for guard in root.get_leaf_guards()]
+        )
 
     # 16. Dispatch modes that see eager's ops, and that compile (DebugMode,
     # selective activation checkpointing's caching modes).
