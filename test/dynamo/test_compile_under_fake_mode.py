@@ -44,17 +44,10 @@ from torch.utils.checkpoint import (
 from torch.utils.flop_counter import FlopCounterMode
 
 
-try:
-    from torch.utils._debug_mode import DebugMode
-except ImportError:  # added in torch 2.10
-    DebugMode = None
-
-
 BACKENDS = ["eager", "aot_eager", "inductor"]
 
 # The same file runs against every patched release; a test of a feature a
 # release lacks is skipped, naming the feature.
-HAS_DEBUG_MODE = DebugMode is not None
 # aot_compile is on by default since torch 2.12 (before, it needs compile
 # caches these tests turn off, and on 2.10 and 2.11 without a GPU entering a
 # FakeTensorMode from a second thread crashes).
@@ -88,6 +81,8 @@ def meta_of(t):
         t.dtype,
         t.device,
         t.requires_grad,
+        t._is_view(),
+        t.untyped_storage().nbytes(),
     )
 
 
@@ -390,7 +385,30 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
                     )
                     grad = torch.func.grad(fn)(x)
                     self.assertOwnedLikeEager(grad, (x.cos() * 2), mode)
+                    # A compiled call on an unbatched, closed-over input
+                    # inside vmap: its arguments are plain FakeTensors.
+                    out = torch.func.vmap(lambda y: fn(x[0]) * y)(x)
+                    self.assertOwnedLikeEager(
+                        out,
+                        torch.func.vmap(lambda y: (x[0].sin() * 2).sum() * y)(x),
+                        mode,
+                    )
         self.assertEqual(counters["fake_mode"]["regions_failed"], 0)
+
+    def test_view_outputs_keep_eager_metadata(self):
+        # A replayed region's outputs are fresh tensors: an entry whose outputs
+        # are views of intermediates keeps running op by op.
+        def fn(x):
+            y = x + 1
+            return y[1:], y.t(), y[:, :2], y.expand(2, 4, 3), y.diagonal(), y[None]
+
+        compiled = torch.compile(fn, backend="inductor")
+        with torch._dynamo.config.patch(fake_mode_region_after_calls=0):
+            with FakeTensorMode() as mode, torch.no_grad():
+                x = torch.randn(4, 3)
+                for _ in range(3):
+                    self.assertOwnedLikeEager(compiled(x), fn(x), mode)
+        self.assertEqual(regions_compiled(), 0)
 
     # 5. Models.
     @parametrize("backend", BACKENDS)
@@ -975,22 +993,40 @@ class GraphModule(torch.nn.Module):
 
     # 16. Dispatch modes that see eager's ops, and that compile (DebugMode,
     # selective activation checkpointing's caching modes).
-    @unittest.skipUnless(HAS_DEBUG_MODE, "DebugMode was added in torch 2.10")
     @parametrize("backend", BACKENDS)
-    def test_debug_mode_sees_eager_ops(self, backend):
+    def test_modes_that_compile_see_the_graphs_ops(self, backend):
+        # A mode with ignore_compile_internals (as DebugMode and selective
+        # checkpointing's modes have) lets frames compile; under it even a hot
+        # entry runs op by op, so the mode sees the ops, not one region.
+        class RecordingMode(TorchDispatchMode):
+            def __init__(self):
+                super().__init__()
+                self.ops = []
+
+            @classmethod
+            def ignore_compile_internals(cls):
+                return True
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                self.ops.append(str(func))
+                return func(*args, **(kwargs or {}))
+
         def fn(x):
             return (x.sin() * 2).relu().sum()
 
         compiled = torch.compile(fn, backend=backend)
-        with FakeTensorMode():
+        with FakeTensorMode(), torch.no_grad():
             x = torch.randn(4, 3)
-            with DebugMode() as eager:
+            with RecordingMode() as eager:
                 fn(x)
-            for _ in range(2):
+            for _ in range(3):
                 compiled(x)
-            with DebugMode() as debug_mode:
+            self.assertEqual(regions_compiled(), 1)
+            with RecordingMode() as mode:
                 compiled(x)
-        self.assertEqual(debug_mode.debug_string(), eager.debug_string())
+        self.assertGreater(len(eager.ops), 0)
+        self.assertNotIn("fake_mode_region", mode.ops)
+        self.assertEqual([op for op in mode.ops if op.startswith("aten.")], eager.ops)
 
     @parametrize("backend", BACKENDS)
     def test_selective_checkpoint_policy_sees_eager_ops(self, backend):
@@ -1158,7 +1194,7 @@ class GraphModule(torch.nn.Module):
 
     # 22. Under a guard filter, real and fake entries stay apart by input type.
     @parametrize("first", ["real", "fake"])
-    def test_guard_filter_keeps_real_and_fake_inputs_apart(self, first):
+    def test_guard_filter_one_entry_serves_real_and_fake_calls(self, first):
         def skip_all_guards_unsafe(guard_entries):
             return [False] * len(guard_entries)
 
