@@ -197,6 +197,21 @@ def test_loop_names_the_failed_release_and_goes_on(tmp_path, stand_in, capsys):
     assert rows["2.13.0"]["result"] == "FAIL: stock: 8 passed, 0 failed, 2 skipped"
 
 
+def test_install_refused_when_the_disk_is_short(tmp_path, stand_in, capsys, monkeypatch):
+    monkeypatch.setenv(tr.MIN_FREE_ENV, "8")
+    monkeypatch.setattr(tr.shutil, "disk_usage", lambda path: tr.shutil._ntuple_diskusage(100 * 2**30, 97 * 2**30, 3 * 2**30))
+    out = tmp_path / "out"
+    assert tr.main(["--out-dir", str(out)]) == 1
+    cap = capsys.readouterr()
+    assert (out / "2.9.1" / "install.log").read_text().startswith("error: only 3.0 GB free")  # pip never started
+    assert f"      error: only 3.0 GB free in {out}; installing one torch release with its nvidia dependencies " \
+           "needs about 8 GB ($TORCH_FORK_OVERLAY_RELEASES_MIN_FREE_GB)" in cap.out
+    rows = {r["release"]: r for r in json.loads((out / "summary.json").read_text())["releases"]}
+    assert rows["2.9.1"]["result"] == rows["2.13.0"]["result"] == "FAIL: install, stock, apply, patched, contract"
+    monkeypatch.setenv(tr.MIN_FREE_ENV, "2.5")  # enough: everything runs
+    assert tr.main(["--out-dir", str(out)]) == 0
+
+
 def test_junit_counts(tmp_path):
     p = tmp_path / "j.xml"
     p.write_text('<testsuite tests="5" failures="1" errors="1" skipped="1"/>')
