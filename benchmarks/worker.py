@@ -87,10 +87,11 @@ def _after_calls(torch, args: argparse.Namespace) -> dict:
     it); on a torch without it (stock) only the number of calls the process makes, so both sides call alike.
     """
     cfg = torch._dynamo.config
-    default = getattr(cfg, "fake_mode_region_after_calls", None)
+    has_switch = hasattr(cfg, "fake_mode_region_after_calls")
+    default = getattr(cfg, "fake_mode_region_after_calls", None)  # the patch's default is None: regions are opt-in
     if args.after_calls is not None:
         used, source = args.after_calls, "--after-calls"
-        if default is not None:
+        if has_switch:
             cfg.fake_mode_region_after_calls = args.after_calls
     elif default is not None:
         used, source = default, "config default"

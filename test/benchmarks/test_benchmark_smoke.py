@@ -59,6 +59,8 @@ def test_fake_tiny(mode, extra):
         assert result["regions_compiled"] >= 1 and result["split_call"] == result["regions_call"]
     else:
         assert result["split_call"] == 2
+        # A patched torch builds the regions of an inference entry once --after-calls asks for them.
+        assert not (result["patch_present"] and mode == "compile" and "--backward" not in extra), result
     if mode == "compile":
         assert result["graphs"] >= 1
 
