@@ -206,7 +206,10 @@ def run_fake(runner: Runner, args, *, backward: bool) -> dict:
         for rnd in range(args.fake_repeats(preset)):
             for key, side, mode, backend, _ in FAKE_RUNS:
                 wargs = ["fake", "--preset", preset, "--mode", mode, "--repeats", str(args.steady),
-                         "--seq", str(args.seq), "--after-calls", str(args.after_calls_used)]
+                         "--seq", str(args.seq)]
+                # Only a chosen value turns regions on; otherwise each worker keeps its torch's default and makes
+                # the same number of calls.
+                wargs += ["--after-calls", str(args.after_calls)] if args.after_calls is not None else []
                 wargs += ["--backend", backend] if backend else []
                 wargs += ["--backward"] if backward else []
                 what = mode if backend is None else f"{mode} {backend}"
@@ -247,8 +250,12 @@ def ratio_target(num: float | None, den: float | None, limit: float | None = Non
 def _after_calls_note(args, results: list[dict]) -> str:
     seen = sorted({r["after_calls"] for r in ok(results) if r.get("patch_present") and "after_calls" in r})
     n = args.after_calls_used
-    src = ("the patched torch's default" if args.after_calls is None
-           else f"set by --after-calls; the patched torch's default is {args.after_calls_default}")
+    if args.after_calls is not None:
+        src = f"set by --after-calls; the patched torch's default is {args.after_calls_default}"
+    elif args.after_calls_default is None:
+        src = "the patched torch's default is None: no regions; the number only sets the calls made"
+    else:
+        src = "the patched torch's default"
     note = f"after_calls = {n} ({src})"
     if seen and seen != [n]:
         note += f"; the patched workers report {', '.join(map(str, seen))}"

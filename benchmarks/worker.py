@@ -76,7 +76,7 @@ def _graph_count(torch) -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-# The patch's own default, used for the call count where a torch has no fake_mode_region_after_calls (stock).
+# The calls made before the "build call" slot where a torch builds no regions (stock, or the patch's default None).
 DEFAULT_AFTER_CALLS = 16
 
 
@@ -96,7 +96,7 @@ def _after_calls(torch, args: argparse.Namespace) -> dict:
     elif default is not None:
         used, source = default, "config default"
     else:
-        used, source = DEFAULT_AFTER_CALLS, "not in this torch; call count only"
+        used, source = DEFAULT_AFTER_CALLS, "regions off (no switch in this torch, or None); call count only"
     return {"after_calls": used, "after_calls_source": source, "after_calls_default": default}
 
 
