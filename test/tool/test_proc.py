@@ -80,9 +80,12 @@ def _start_wheel(tmp_path, synth):
         z.writestr("torch/__init__.py", "")
     out, pids = tmp_path / "dist", tmp_path / "pids"
     env = {**os.environ, "PYTHONPATH": str(fake), "TFO_TEST_PIDS": str(pids)}
+    # Started as from a terminal: a test run in the background (`.ci/run &`, nohup) inherits SIGINT ignored, and
+    # Python then keeps ignoring it, as a background job should.
     proc = subprocess.Popen([sys.executable, "-m", "torch_fork_overlay", "wheel", "--wheel", str(whl),
                              "--out-dir", str(out), "--patches-dir", str(pdir)],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 30
     while not (pids.exists() and pids.read_text().endswith("\n")):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()

@@ -96,16 +96,17 @@ def test_configure_apply_and_dry_run(src, tmp_path):
 
 
 def test_configure_rejects_another_release(src, tmp_path):
-    (src / "version.txt").write_text("2.14.1a0\n")
+    # A release no folder of patches/ is for (every supported one has a folder now).
+    (src / "version.txt").write_text("2.7.1a0\n")
     rel = sorted(SERIES.manifest)[0]
     with open(src / rel, "a") as f:
-        f.write("# as 2.14.1 has it\n")
+        f.write("# as 2.7.1 has it\n")
     before = digest(src)
     cp = configure(tmp_path / "build", f"-DPYTORCH_SOURCE_DIR={src}")
     assert cp.returncode != 0
-    assert (f"error: no patch series for {src}, torch 2.14.1a0 (version.txt) in {REPO / 'patches'}: "
-            "no folder v2.14.1/, and no series' manifest matches its files") in flat(cp.stderr)
-    assert ("likely cause: torch 2.14.1a0 is not a supported release: this project supports torch "
+    assert (f"error: no patch series for {src}, torch 2.7.1a0 (version.txt) in {REPO / 'patches'}: "
+            "no folder v2.7.1/, and no series' manifest matches its files") in flat(cp.stderr)
+    assert ("likely cause: torch 2.7.1a0 is not a supported release: this project supports torch "
             + ", ".join(supported_versions())) in flat(cp.stderr)
     assert "nothing was changed" in flat(cp.stderr)
     assert digest(src) == before
