@@ -118,6 +118,10 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
         # A FakeTensor's data pointer must never be read: that is what
         # Inductor's kernels would do if they ran on FakeTensors.
         self._stack = contextlib.ExitStack()
+        # What this torch ships with, before the patch below changes it.
+        self.shipped_region_after_calls = (
+            torch._dynamo.config.fake_mode_region_after_calls
+        )
         self._stack.enter_context(
             torch._functorch.config.patch(
                 fake_tensor_allow_unsafe_data_ptr_access=False
@@ -321,7 +325,7 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
     @parametrize("backend", BACKENDS)
     def test_calls_autograd_records_stay_op_by_op(self, backend):
         # A region would be differentiable once, and its saved tensors would
-        # not be eager's: past the default threshold, double backward and
+        # not be eager's: past the regions' threshold, double backward and
         # saved-tensor hooks still see eager's behaviour.
         def fn(x, w):
             return (x @ w).tanh().sum()
@@ -767,6 +771,27 @@ class GraphModule(torch.nn.Module):
         self.assertEqual(ops[after], ["fake_mode_region", *eager])
         self.assertEqual(ops[after + 1], ["fake_mode_region"])
         self.assertEqual(regions_compiled(), 1)
+        self.assertEqual(frames_compiled(), 1)
+
+    @parametrize("backend", BACKENDS)
+    def test_regions_are_opt_in(self, backend):
+        # The shipped default builds no region however often an entry is
+        # called: every call runs op by op, as the eager backend would.
+        self.assertIsNone(self.shipped_region_after_calls)
+
+        def fn(x):
+            return x.sin().cos().exp().sum(0)
+
+        compiled = torch.compile(fn, backend=backend)
+        mode = FakeTensorMode()
+        with mode:
+            x = torch.randn(4, 3)
+        with torch._dynamo.config.patch(fake_mode_region_after_calls=None), mode:
+            with torch.no_grad():
+                for _ in range(20):
+                    out = compiled(x)
+            self.assertOwnedLikeEager(out, fn(x), mode)
+        self.assertEqual(regions_compiled(), 0)
         self.assertEqual(frames_compiled(), 1)
 
     def test_regions_of_symbolic_graphs_are_not_compiled(self):
