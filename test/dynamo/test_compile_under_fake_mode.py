@@ -118,9 +118,10 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
         # A FakeTensor's data pointer must never be read: that is what
         # Inductor's kernels would do if they ran on FakeTensors.
         self._stack = contextlib.ExitStack()
-        # What this torch ships with, before the patch below changes it.
-        self.shipped_region_after_calls = (
-            torch._dynamo.config.fake_mode_region_after_calls
+        # What this torch ships with, before the patch below changes it (the
+        # stock counterfactual runs these tests on a torch without the switch).
+        self.shipped_region_after_calls = getattr(
+            torch._dynamo.config, "fake_mode_region_after_calls", None
         )
         self._stack.enter_context(
             torch._functorch.config.patch(
