@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from pathlib import Path
 from typing import Callable
 
 from .errors import OverlayError
@@ -268,8 +269,35 @@ def _add_releases(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="regenerate every release's series from the one source in fix/",
+                       description="Builds each release's stack of patches (fix/stack.toml) from its "
+                       "pristine files (the official wheel in --cache-dir/wheels, downloaded with pip "
+                       "when missing), checks it applies and matches its manifest, writes "
+                       "patches/v<release>/ and prints what each release's series adds and how it "
+                       "differs from the newest one. --check changes nothing and exits 1 when a "
+                       "series is out of date.")
+    p.add_argument("versions", nargs="*", metavar="RELEASE", help="releases (default: all of fix/stack.toml)")
+    p.add_argument("--check", action="store_true", help="only say which series differ from the source")
+    p.add_argument("--cache-dir", metavar="DIR", help="where wheels are cached (default: ./.cache)")
+    _patches(p)
+
+    def run(a):
+        from . import generate as g
+        from .wheel import default_cache_dir
+        stale = g.generate(versions=a.versions, cache_dir=Path(a.cache_dir) if a.cache_dir else default_cache_dir(),
+                           patches_dir=a.patches_dir, check=a.check)
+        if stale:
+            raise OverlayError(f"the series of {', '.join(stale)} differ from what fix/ generates",
+                               cause="fix/ changed and the series were not regenerated, or a series was "
+                               "edited by hand",
+                               next="python -m torch_fork_overlay generate " + " ".join(stale))
+
+    p.set_defaults(func=run)
+
+
 SUBCOMMANDS: list[Callable] = [_add_status, _add_apply, _add_revert, _add_wheel, _add_refresh]
-SUBCOMMANDS += [_add_export, _add_upstream_tests, _add_source_build, _add_releases]
+SUBCOMMANDS += [_add_generate, _add_export, _add_upstream_tests, _add_source_build, _add_releases]
 
 
 def build_parser() -> argparse.ArgumentParser:

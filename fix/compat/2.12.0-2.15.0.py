@@ -1,0 +1,10 @@
+"""
+What the fake-call support needs from this release of PyTorch, in its own
+words. See Note [Inheriting the ambient FakeTensorMode] in __init__.py.
+"""
+
+import torch
+
+
+def is_non_strict_tracing() -> bool:
+    return torch.compiler._is_non_strict_tracing()

@@ -1,0 +1,228 @@
+"""
+Compiled functions called under a user's FakeTensorMode: which mode a call
+brings, whether a graph is compiled for fake calls, and what such a graph runs.
+
+See Note [Inheriting the ambient FakeTensorMode].
+"""
+
+# Note [Inheriting the ambient FakeTensorMode]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Users call compiled functions under a FakeTensorMode they created (to
+# estimate memory or FLOPs, or to check a model without its hardware), or on
+# FakeTensors made by one. Such a call must behave like running the function
+# eagerly under that mode, whatever the backend: its outputs are FakeTensors
+# owned by the user's mode, with the metadata eager gives.
+#
+# Whose mode. CatchErrorsWrapper captures the FakeTensorMode active when a
+# frame is called (capture_ambient_fake_mode), before it disables the ambient
+# modes for compiling, unless a tracer owns the call: export, make_fx,
+# AOTAutograd, functionalization, pre-dispatch tracing and Dynamo itself enter
+# FakeTensorModes of their own and trace through compiled functions (such as
+# the branches torch.cond compiles), so they must see the graph's ops. Nothing
+# here applies to those calls, to export, or to entry points that do not go
+# through CatchErrorsWrapper (aot_compile). A graph is compiled for fake when
+# a user's mode was captured or a graph input is a user's FakeTensor.
+#
+# Compiling. Dynamo traces with its own FakeTensorMode as always; the user's
+# FakeTensors are refakified, so tracing never mutates them. The backend is
+# called with the graph as usual, so counters, graph recorders and custom
+# backends see what was captured, but its artifact is never run: Inductor's
+# kernels would read the FakeTensors' data pointers, and a fake cuda tensor
+# need not have a device. TracingContext.compiling_for_fake_mode tells the
+# backend so; config.compile_backend_under_fake_mode makes the backend compile
+# anyway, to check that a model compiles.
+#
+# Running (FakeModeRuntime). Dynamo runs its own copy of the captured graph
+# (the backend may rewrite the one it is given) under whatever fake mode the
+# call brings, so the outputs are owned by the caller's mode. It runs op by op,
+# exactly as the eager backend would: nothing is traced twice, and eager's own
+# ops keep autograd (saved tensors, double backward), views, mutations and
+# version counters as eager has them. Dispatch modes on top (FlopCounterMode,
+# DebugMode, FSDPMemTracker, selective checkpointing's caching modes) see the
+# graph's ops, as with the eager backend.
+#
+# Guards. Real and fake calls must not share an entry. TENSOR_MATCH checks a
+# tensor input's type, so only an entry without a tensor input gets
+# FAKE_TENSOR_MODE (whether a fake mode is active, as at compile time). A
+# guard_filter_fn may drop any guard (skip_all_guards_unsafe drops them all,
+# and the entry must then have none): a frame compiled for real calls under
+# one tells fake calls apart when they run (guards.run_fake_calls_apart), and
+# a fake entry serves a real call op by op, which gives real results. The
+# price of guarding only what needs it: an entry whose tensor inputs are all
+# real (a module's real parameters, a global tensor), compiled first, serves
+# calls made under a FakeTensorMode.
+#
+# Dispatch modes. Dynamo skips frames called under a non-infra dispatch mode,
+# since it traces without the mode. Under a user's FakeTensorMode it compiles
+# them when every such mode only observes ops (observers.py): their
+# observations cannot change what tracing sees, and the graph runs op by op
+# under them.
+#
+# Regions (opt-in, regions.py). With config.fake_mode_region_after_calls = N,
+# an entry that made N calls autograd does not record is replayed as one
+# fake_mode_region op that FakeTensorMode's dispatch cache serves.
+#
+# config.inherit_ambient_fake_mode = False restores the old behaviour: the
+# backend's artifact runs on whatever it is given.
+
+import contextlib
+import copy
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Optional, TYPE_CHECKING
+
+import torch
+from torch import fx
+from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
+
+from .. import config
+from . import _compat
+
+
+if TYPE_CHECKING:
+    from ..output_graph import OutputGraph
+
+
+__all__ = [
+    "FakeCalls",
+    "FakeModeRuntime",
+    "capture_ambient_fake_mode",
+    "state",
+    "tracer_owns_call",
+]
+
+
+class _AmbientFakeModeState(threading.local):
+    """
+    Set by CatchErrorsWrapper while it compiles a frame: whether the frame may
+    be compiled for fake calls at all, the user's FakeTensorMode the frame was
+    called under (captured before the ambient modes are disabled for
+    compilation), and whether a guard_filter_fn will filter the frame's guards.
+    Entry points that do not go through it (export, aot_compile) leave them
+    unset.
+    """
+
+    enabled: bool = False
+    mode: Optional[FakeTensorMode] = None
+    guards_filtered: bool = False
+
+
+state = _AmbientFakeModeState()
+
+
+def tracer_owns_call() -> bool:
+    """
+    Whether a tracer (export, make_fx, AOTAutograd, functionalization,
+    pre-dispatch tracing, Dynamo itself) is tracing through this call. The
+    FakeTensorMode active then is the tracer's, not a user's: the tracer must
+    record the graph's own ops.
+    """
+    get_mode = torch._C._get_dispatch_mode
+    mode_key = torch._C._TorchDispatchModeKey
+    return (
+        torch._guards.TracingContext.try_get() is not None
+        or torch.compiler.is_exporting()
+        or _compat.is_non_strict_tracing()
+        or torch._ops._len_torch_dispatch_stack_pre_dispatch() > 0
+        or get_mode(mode_key.PROXY) is not None
+        or get_mode(mode_key.FUNCTIONAL) is not None
+    )
+
+
+@contextlib.contextmanager
+def capture_ambient_fake_mode(guard_filter_fn: Optional[Callable[..., Any]]) -> Iterator[None]:
+    """
+    Around the compilation of a frame, before the ambient modes are disabled:
+    remember the user's FakeTensorMode the frame is called under.
+    """
+    prev = (state.enabled, state.mode, state.guards_filtered)
+    state.enabled = config.inherit_ambient_fake_mode and not tracer_owns_call()
+    state.mode = (
+        torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+        if state.enabled
+        else None
+    )
+    state.guards_filtered = guard_filter_fn is not None
+    try:
+        yield
+    finally:
+        state.enabled, state.mode, state.guards_filtered = prev
+
+
+class FakeCalls:
+    """
+    What an OutputGraph knows about fake calls of the frame it compiles.
+    """
+
+    def __init__(self, *, export: bool) -> None:
+        # Whether this frame may be compiled for fake calls (no tracer owns
+        # the call), and the user's FakeTensorMode it is called under, if any.
+        self.enabled = state.enabled and not export
+        self.mode: Optional[FakeTensorMode] = state.mode if self.enabled else None
+        # A guard_filter_fn may drop the guards that keep real and fake calls
+        # apart.
+        self.guards_filtered = state.guards_filtered
+
+    def mode_or_nullcontext(self) -> Any:
+        """The user's mode, to create state under it as eager would."""
+        return self.mode if self.mode is not None else contextlib.nullcontext()
+
+    def is_compiling_for_fake(self, output_graph: "OutputGraph") -> bool:
+        """
+        True if this graph will be called on the FakeTensors of a user's
+        FakeTensorMode: that mode was active when the frame was called, or a
+        graph input is one of its FakeTensors.
+        """
+        if not self.enabled:
+            return False
+        return self.mode is not None or has_fake_tensor_input(output_graph)
+
+
+def has_fake_tensor_input(output_graph: "OutputGraph") -> bool:
+    return any(
+        arg.is_tensor and is_fake(arg.example) for arg in output_graph.graphargs
+    )
+
+
+class FakeModeRuntime:
+    """
+    What a graph compiled for fake calls runs: the captured graph, op by op,
+    under the caller's FakeTensorMode, as the eager backend would.
+    """
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        # A copy of its own: the backend may rewrite gm in place. Running it
+        # needs no metadata, whose example values would keep Dynamo's
+        # FakeTensorMode alive.
+        graph = copy.deepcopy(gm.graph)
+        for node in graph.nodes:
+            node.meta = {}
+        self.gm = fx.GraphModule(gm, graph)
+
+    def __call__(self, *args: Any) -> Any:
+        return self.gm.forward(*args)
+
+
+def make_runtime(gm: fx.GraphModule) -> Callable[..., Any]:
+    return FakeModeRuntime(gm)
+
+
+def compile_for_fake_calls(
+    output_graph: "OutputGraph",
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+) -> Callable[..., Any]:
+    """
+    The backend sees the graph, but Dynamo runs it for fake calls.
+    """
+    runtime = make_runtime(gm)
+    tracing_context = output_graph.tracing_context
+    tracing_context.compiling_for_fake_mode = (
+        not config.compile_backend_under_fake_mode
+    )
+    try:
+        with output_graph.restore_global_state():
+            output_graph.call_user_compiler(gm, example_inputs)
+    finally:
+        tracing_context.compiling_for_fake_mode = False
+    return runtime
