@@ -45,9 +45,16 @@ FAILING = frozenset({"failed", "errored", "crashed"})
 class Outcome:
     status: str        # one of STATUSES
     message: str = ""  # first line of the error ("ExcType: text"), or the skip reason
+    teardown: str = ""  # first line of an error in teardown after the test had failed (or errored in setup)
+    counts_as: tuple[str, ...] = ()  # what pytest's summary counts for it, one per phase; () is (status,)
 
     def __str__(self) -> str:
-        return f"{self.status}: {self.message}" if self.message else self.status
+        text = f"{self.status}: {self.message}" if self.message else self.status
+        return text + (f"; then errored in teardown: {self.teardown}" if self.teardown else "")
+
+    def to_json(self) -> dict:
+        return {"status": self.status, "message": self.message,
+                **({"teardown": self.teardown} if self.teardown else {})}
 
 
 @dataclasses.dataclass
@@ -72,7 +79,9 @@ class Run:
     def counts(self, ids=None) -> dict[str, int]:
         c = dict.fromkeys(STATUSES, 0)
         for key in self.outcomes if ids is None else ids:
-            c[self.outcomes[key].status] += 1
+            o = self.outcomes[key]
+            for status in o.counts_as or (o.status,):  # per phase, as pytest's summary counts
+                c[status] += 1
         return c
 
 
@@ -122,7 +131,7 @@ class Change:
     patched: Outcome | None
 
     def to_json(self) -> dict:
-        return {"id": self.id, **{s: dataclasses.asdict(o) if (o := getattr(self, s)) else None for s in SIDES}}
+        return {"id": self.id, **{s: o.to_json() if (o := getattr(self, s)) else None for s in SIDES}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,8 +170,8 @@ class SuiteReport:
 
 
 def _key(run: Run, o: Outcome) -> str:
-    """What must match for two failures to be the same: status and normalized first line."""
-    return normalize(f"{o.status}: {o.message}", run.prefixes, run.tmpdirs)
+    """What must match for two failures to be the same: status and normalized first line (and teardown error)."""
+    return normalize(str(o), run.prefixes, run.tmpdirs)
 
 
 def _file(node_id: str) -> str:

@@ -131,6 +131,33 @@ def test_c_after():
     pass
 '''
 
+# a call that fails and then a teardown that errors: pytest counts 1 failed and 1 error for it (and its
+# junit has two testcase entries), a passing call with an erroring teardown 1 passed and 1 error
+TEARDOWN = '''\
+import os
+import pytest
+
+@pytest.fixture
+def resource():
+    yield 1
+    raise RuntimeError("teardown broke")
+
+@pytest.fixture
+def resource_patched():
+    yield 1
+    if os.environ.get("TFO_TEST_SIDE") == "patched":
+        raise RuntimeError("teardown broke on patched")
+
+def test_fails_then_teardown_errors(resource):
+    assert resource == 2, "call broke"
+
+def test_teardown_errors_patched(resource_patched):
+    pass
+
+def test_passes():
+    pass
+'''
+
 SUITES = '''\
 [suites.tiny]
 description = "three small files"
@@ -148,6 +175,10 @@ timeout = 60
 files = ["test/test_gamma.py"]
 timeout = 60
 expect_not_running = [{ file = "test/test_gamma.py", reason = "needs libtfo_test.so, which no wheel ships" }]
+
+[suites.teardown]
+files = ["test/test_teardown.py"]
+timeout = 60
 
 [suites.crashy]
 files = ["test/test_crashy.py"]
@@ -183,7 +214,8 @@ def env(tmp_path, monkeypatch):
     (src / "test" / "sub").mkdir(parents=True)
     (src / "test" / "test_alpha.py").write_text(ALPHA)
     (src / "test" / "sub" / "test_beta.py").write_text(BETA)
-    for name, text in (("test_epsilon.py", EPSILON), ("test_gamma.py", GAMMA), ("test_crashy.py", CRASHY)):
+    for name, text in (("test_epsilon.py", EPSILON), ("test_gamma.py", GAMMA), ("test_crashy.py", CRASHY),
+                       ("test_teardown.py", TEARDOWN)):
         (src / "test" / name).write_text(text)
     suites = tmp_path / "suites.toml"
     suites.write_text(SUITES)
@@ -305,6 +337,41 @@ def test_a_file_that_did_not_really_run(env):
     assert exit_status([expected]) == 0
     assert "        expected (suites file): needs libtfo_test.so, which no wheel ships" in text
     assert "did not really run: torchbind_like:test/test_gamma.py; NOT CLEAN" in text
+
+
+def _pytest_summary(log: Path) -> dict[str, int]:
+    """The counts of pytest's own last line ("1 failed, 2 passed, 1 error in 0.05s"), in our words."""
+    import re
+
+    (line,) = re.findall(r"^(\d+ \w+(?:, \d+ \w+)*) in [\d.]+s", log.read_text(), re.M)
+    words = {"passed": "passed", "failed": "failed", "error": "errored", "errors": "errored", "skipped": "skipped"}
+    got = dict.fromkeys(("passed", "failed", "errored", "skipped", "crashed"), 0)
+    for n, word in (part.split() for part in line.split(", ")):
+        got[words[word]] += int(n)
+    return got
+
+
+def test_teardown_errors_are_counted_per_phase_as_pytest_does(env):
+    import xml.etree.ElementTree as ET
+
+    (r,), text = _run(env, "teardown")
+    td = "test/test_teardown.py::"
+    assert r.stock.counts() == {"passed": 2, "failed": 1, "errored": 1, "skipped": 0, "crashed": 0}
+    assert r.patched.counts() == {"passed": 2, "failed": 1, "errored": 2, "skipped": 0, "crashed": 0}
+    for run in (r.stock, r.patched):
+        assert run.counts() == _pytest_summary(run.log)
+        suite = ET.parse(run.junit).getroot().find("testsuite")
+        assert (int(suite.get("failures")), int(suite.get("errors"))) == (run.counts()["failed"],
+                                                                           run.counts()["errored"])
+    # the teardown error is shown next to its test
+    assert (f"    {td}test_fails_then_teardown_errors  failed: AssertionError: call broke; "
+            "then errored in teardown: RuntimeError: teardown broke\n") in text
+    assert (f"    {td}test_teardown_errors_patched\n"
+            "        patched: errored: RuntimeError: teardown broke on patched\n") in text
+    assert "  stock:   2 passed, 1 failed, 1 errored, 0 skipped, 0 crashed; pytest exit 1" in text
+    assert "  patched: 2 passed, 1 failed, 2 errored, 0 skipped, 0 crashed; pytest exit 1" in text
+    assert "    | test/test_teardown.py | 2 / 2 | 1 / 1 | 1 / 2 | 0 / 0 | 0 / 0 |" in text
+    assert r.not_running == []
 
 
 def test_a_crash_names_the_test_and_keeps_what_ran(env):
@@ -458,6 +525,7 @@ F = ("failed", "AssertionError: x")
         (F, ("errored", "AssertionError: x"), "suspected"),         # the same line, another status
         (F, ("failed", "AssertionError: y"), "suspected"),          # another first line
         (F, ("crashed", "pytest died"), "suspected"),
+        (F, Outcome("failed", "AssertionError: x", teardown="RuntimeError: y"), "suspected"),  # a new teardown error
         (("failed", "AssertionError: 3 != 4 at 0x7f01"), ("failed", "AssertionError: 3 != 5 at 0x7e02"),
          "both_fail"),                                              # numbers and addresses normalized
         (F, F, "both_fail"),
