@@ -140,6 +140,8 @@ class NotRunning:
     sides: tuple[str, ...]
     message: str          # "no test passed; 49 of 49 failed with: RuntimeError: ..."
     expected: str | None  # the suite's reason, when it says so
+    ran_on_both: int = 0  # its tests that ran on both sides (not skipped) without the failure named
+    passing_on_both: int = 0  # of those, how many passed on both
 
 
 @dataclasses.dataclass
@@ -222,42 +224,69 @@ def compare(suite: Suite, stock: Run, patched: Run) -> SuiteReport:
             if f in expected:
                 expected_but_ran.append((f, expected[f]))
             continue
-        if len(sides) == 2 and why["stock"] != why["patched"]:
-            not_running += [NotRunning(f, (side,), why[side], expected.get(f)) for side in sides]
+        ran = _ran_on_both(f, {side: why[side][2] for side in sides}, stock, patched)
+        # the same words but for each side's paths and numbers (its interpreter, temp dir): said once
+        if len(sides) == 2 and why["stock"][1] != why["patched"][1]:
+            not_running += [NotRunning(f, (side,), why[side][0], expected.get(f), *ran) for side in sides]
         else:
-            not_running.append(NotRunning(f, sides, why[sides[0]], expected.get(f)))
+            not_running.append(NotRunning(f, sides, why[sides[0]][0], expected.get(f), *ran))
     return SuiteReport(suite, stock, patched, regressions, suspected, fixes, both_fail, both_pass, skipped,
                        only_patched, not_run, per_file, not_running, expected_but_ran)
 
 
-def _not_running_reason(run: Run, file: str) -> str | None:
-    """Why ``file`` did not really run on this side, or None when it did (see the module doc)."""
+def _not_running_reason(run: Run, file: str) -> tuple[str, str, str | None] | None:
+    """Why ``file`` did not really run on this side, or None when it did (see the module doc): the
+    words, the same words with the message normalized (``_key``: two sides say the same when these
+    match), and the key of the failure they name (None for none)."""
     outs = [o for k, o in run.outcomes.items() if _file(k) == file]
     early = "" if run.complete else " (the run stopped early)"
     if not outs:
-        return "no test ran: none collected, or all deselected" + early
+        text = "no test ran: none collected, or all deselected" + early
+        return text, text, None
     ran = [o for o in outs if o.status != "skipped"]
     if not ran:
-        msg, n = _most_common(outs, run)
-        return f"every test skipped ({len(outs)})" + (f": {msg}" if n == len(outs) else f"; {n} with: {msg}")
+        msg, key, n = _most_common(outs, run)
+
+        def say(m: str) -> str:
+            return f"every test skipped ({len(outs)})" + (f": {m}" if n == len(outs) else f"; {n} with: {m}")
+        return say(msg), say(key), None
     failing = [o for o in ran if o.status in FAILING]
     if not failing:
         return None
-    msg, n = _most_common(failing, run)
+    msg, key, n = _most_common(failing, run)
     if len(failing) == len(ran):  # no test passed
-        return (f"no test passed: {n} of {len(ran)} failed with: {msg}" if n == len(ran) else
-                f"no test passed: {len(ran)} failed, the most common failure ({n} of them): {msg}")
-    if n >= 2 and 2 * n > len(ran):
-        return f"{n} of {len(ran)} tests that ran failed with one message: {msg}"
-    return None
+        def say(m: str) -> str:
+            return (f"no test passed: {n} of {len(ran)} failed with: {m}" if n == len(ran) else
+                    f"no test passed: {len(ran)} failed, the most common failure ({n} of them): {m}")
+    elif n >= 2 and 2 * n > len(ran):
+        def say(m: str) -> str:
+            return f"{n} of {len(ran)} tests that ran failed with one message: {m}"
+    else:
+        return None
+    return say(msg), say(key), key
 
 
-def _most_common(outs: list[Outcome], run: Run) -> tuple[str, int]:
-    """The most common of ``outs`` alike (see ``_key``): its first message as it was, and how many."""
+def _most_common(outs: list[Outcome], run: Run) -> tuple[str, str, int]:
+    """The most common of ``outs`` alike (see ``_key``): its first message as it was, its key, and how many."""
     keys = [_key(run, o) for o in outs]
     key, n = collections.Counter(keys).most_common(1)[0]
     first = outs[keys.index(key)]
-    return first.message or first.status, n
+    return first.message or first.status, key, n
+
+
+def _ran_on_both(file: str, failures: dict[str, str | None], stock: Run, patched: Run) -> tuple[int, int]:
+    """How many tests of ``file`` ran on both sides (not skipped) without the failure that made a side
+    not really run (``failures``: side -> its ``_key``), and how many of those passed on both."""
+    ran = passing = 0
+    for key, a in stock.outcomes.items():
+        b = patched.outcomes.get(key)
+        if _file(key) != file or b is None or "skipped" in (a.status, b.status):
+            continue
+        if _key(stock, a) == failures.get("stock") or _key(patched, b) == failures.get("patched"):
+            continue
+        ran += 1
+        passing += a.status == b.status == "passed"
+    return ran, passing
 
 
 # --- rendering -----------------------------------------------------------------
@@ -310,6 +339,9 @@ def format_report(r: SuiteReport) -> str:
         lines.append("  did not really run (the comparison says nothing about these):")
         for n in r.not_running:
             lines.append(f"    {n.file} [{' and '.join(n.sides)}]: {n.message}")
+            if n.ran_on_both:
+                lines.append(f"        {n.ran_on_both} of its tests ran on both sides without that failure "
+                             f"({n.passing_on_both} passing on both); they are compared one by one")
             if n.expected:
                 lines.append(f"        expected (suites file): {n.expected}")
     # the same failure on both sides of a file that did not run on either is said once, above
@@ -344,7 +376,8 @@ def format_reports(reports: list[SuiteReport]) -> str:
     lines = [format_report(r) for r in reports]
     n = {attr: sum(len(getattr(r, attr)) for r in reports) for attr in ("regressions", "suspected", "fixes")}
     incomplete = [r.suite.name for r in reports if not r.complete]
-    not_running = [f"{r.suite.name}:{n.file}" for r in reports for n in r.not_running if n.expected is None]
+    not_running = [f"{r.suite.name}:{n.file} [{' and '.join(n.sides)}]" for r in reports for n in r.not_running
+                   if n.expected is None]
     lines.append(f"summary: {len(reports)} suite(s), {n['regressions']} regression(s), "
                  f"{n['suspected']} suspected regression(s), {n['fixes']} fix(es)"
                  + (f"; incomplete: {', '.join(incomplete)}" if incomplete else "")
@@ -368,7 +401,8 @@ def report_json(r: SuiteReport) -> dict:
         "patched": side(r.patched),
         "files": r.files,
         "not_running": [{"file": n.file, "sides": list(n.sides), "message": n.message,
-                         "expected": n.expected} for n in r.not_running],
+                         "expected": n.expected, "ran_on_both": n.ran_on_both,
+                         "passing_on_both": n.passing_on_both} for n in r.not_running],
         **{_JSON_KEYS.get(attr, attr): [c.to_json() for c in getattr(r, attr)] for attr, _ in _TITLES},
         "both_pass": r.both_pass,
         "skipped": r.skipped,

@@ -18,7 +18,15 @@ from pathlib import Path
 import pytest
 
 from torch_fork_overlay.errors import OverlayError
-from torch_fork_overlay.upstream_report import Outcome, Run, compare, format_report, normalize
+from torch_fork_overlay.upstream_report import (
+    Outcome,
+    Run,
+    compare,
+    format_report,
+    format_reports,
+    normalize,
+    report_json,
+)
 from torch_fork_overlay.upstream_tests import (
     Suite,
     exit_status,
@@ -302,6 +310,7 @@ def test_classifies_every_test(env):
     assert tiny["patched"]["errored"] == 2 and tiny["stock"]["passed"] == 6
     assert tiny["files"]["test/test_alpha.py"]["patched"]["errored"] == 1
     assert tiny["not_running"] == [{"file": "test/test_epsilon.py", "sides": ["patched"], "expected": None,
+                                    "ran_on_both": 0, "passing_on_both": 0,
                                     "message": "no test passed: 1 of 1 failed with: "
                                     "ModuleNotFoundError: No module named 'tfo_no_such_module'"}]
     assert (out / "tiny-stock.xml").is_file() and (out / "tiny-patched.jsonl").is_file()
@@ -336,7 +345,7 @@ def test_a_file_that_did_not_really_run(env):
     assert expected.not_running[0].expected == "needs libtfo_test.so, which no wheel ships"
     assert exit_status([expected]) == 0
     assert "        expected (suites file): needs libtfo_test.so, which no wheel ships" in text
-    assert "did not really run: torchbind_like:test/test_gamma.py; NOT CLEAN" in text
+    assert "did not really run: torchbind_like:test/test_gamma.py [stock and patched]; NOT CLEAN" in text
 
 
 def _pytest_summary(log: Path) -> dict[str, int]:
@@ -612,3 +621,48 @@ def test_normalize():
     assert normalize("RuntimeError: no lib in /w/.venv-stock/lib/torch", ("/w/.venv-stock",)) == \
         normalize("RuntimeError: no lib in /w/.venv/lib/torch", ("/w/.venv",))
     assert normalize("AssertionError: add(x, 1)") != normalize("AssertionError: opaque_region(x)")
+
+
+def _sources_like(prefix: str) -> dict:
+    """Like test/dynamo/test_sources.py on 2.15.0: 5 of 9 tests that ran need a newer API (the
+    message names the interpreter's own torch), 3 really run and pass, 1 fails on its own."""
+    imp = f"ImportError: cannot import name 'newer_api' from 'torch._dynamo' ({prefix}/lib/torch/_dynamo/__init__.py)"
+    return ({f"test/test_x.py::new{i}": ("failed", imp) for i in range(5)}
+            | {f"test/test_x.py::ok{i}": ("passed",) for i in range(3)}
+            | {"test/test_x.py::other": F, "test/test_x.py::gpu": ("skipped", "Skipped: no GPU")})
+
+
+def test_did_not_really_run_alike_but_for_the_interpreter_path_is_said_once():
+    report = compare(SUITE, _fake_run("stock", _sources_like("/w/.venv-stock"), prefixes=("/w/.venv-stock",)),
+                     _fake_run("patched", _sources_like("/w/.venv"), prefixes=("/w/.venv",)))
+    assert [(n.file, n.sides) for n in report.not_running] == [("test/test_x.py", ("stock", "patched"))]
+    text = format_reports([report])
+    assert ("    test/test_x.py [stock and patched]: 5 of 9 tests that ran failed with one message: "
+            "ImportError: cannot import name 'newer_api' from 'torch._dynamo' "
+            "(/w/.venv-stock/lib/torch/_dynamo/__init__.py)\n") in text
+    assert "did not really run: s:test/test_x.py [stock and patched]; NOT CLEAN" in text
+
+
+def test_did_not_really_run_differently_on_each_side_labels_the_sides():
+    stock, patched = _sources_like("/w/.venv-stock"), _sources_like("/w/.venv")
+    patched["test/test_x.py::ok0"] = patched["test/test_x.py::new0"]  # 6 of 9 on patched
+    report = compare(SUITE, _fake_run("stock", stock, prefixes=("/w/.venv-stock",)),
+                     _fake_run("patched", patched, prefixes=("/w/.venv",)))
+    assert [n.sides for n in report.not_running] == [("stock",), ("patched",)]
+    assert "did not really run: s:test/test_x.py [stock], s:test/test_x.py [patched]; NOT CLEAN" in \
+        format_reports([report])
+
+
+def test_did_not_really_run_says_how_many_tests_ran_on_both_sides():
+    """The verdict stays; the tests that ran on both sides without that failure are counted next to it."""
+    report = compare(SUITE, _fake_run("stock", _sources_like("/w/.venv-stock"), prefixes=("/w/.venv-stock",)),
+                     _fake_run("patched", _sources_like("/w/.venv"), prefixes=("/w/.venv",)))
+    (n,) = report.not_running
+    assert (n.ran_on_both, n.passing_on_both) == (4, 3)  # ok0-2 pass on both; other fails alike on both
+    assert ("(/w/.venv-stock/lib/torch/_dynamo/__init__.py)\n"
+            "        4 of its tests ran on both sides without that failure (3 passing on both); "
+            "they are compared one by one\n") in format_report(report)
+    assert exit_status([report]) == 1
+    assert report_json(report)["not_running"][0] | {"message": ""} == {
+        "file": "test/test_x.py", "sides": ["stock", "patched"], "message": "", "expected": None,
+        "ran_on_both": 4, "passing_on_both": 3}
