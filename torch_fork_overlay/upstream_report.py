@@ -140,7 +140,7 @@ class NotRunning:
     sides: tuple[str, ...]
     message: str          # "no test passed; 49 of 49 failed with: RuntimeError: ..."
     expected: str | None  # the suite's reason, when it says so
-    ran_on_both: int = 0  # its tests that ran on both sides (not skipped) without the failure named
+    compared: tuple[str, ...] = ()  # its tests that ran on both sides (not skipped) without the failure named
     passing_on_both: int = 0  # of those, how many passed on both
 
 
@@ -274,19 +274,19 @@ def _most_common(outs: list[Outcome], run: Run) -> tuple[str, str, int]:
     return first.message or first.status, key, n
 
 
-def _ran_on_both(file: str, failures: dict[str, str | None], stock: Run, patched: Run) -> tuple[int, int]:
-    """How many tests of ``file`` ran on both sides (not skipped) without the failure that made a side
+def _ran_on_both(file: str, failures: dict[str, str | None], stock: Run, patched: Run) -> tuple[tuple[str, ...], int]:
+    """The tests of ``file`` that ran on both sides (not skipped) without the failure that made a side
     not really run (``failures``: side -> its ``_key``), and how many of those passed on both."""
-    ran = passing = 0
-    for key, a in stock.outcomes.items():
+    ran, passing = [], 0
+    for key, a in sorted(stock.outcomes.items()):
         b = patched.outcomes.get(key)
         if _file(key) != file or b is None or "skipped" in (a.status, b.status):
             continue
         if _key(stock, a) == failures.get("stock") or _key(patched, b) == failures.get("patched"):
             continue
-        ran += 1
+        ran.append(key)
         passing += a.status == b.status == "passed"
-    return ran, passing
+    return tuple(ran), passing
 
 
 # --- rendering -----------------------------------------------------------------
@@ -339,16 +339,18 @@ def format_report(r: SuiteReport) -> str:
         lines.append("  did not really run (the comparison says nothing about these):")
         for n in r.not_running:
             lines.append(f"    {n.file} [{' and '.join(n.sides)}]: {n.message}")
-            if n.ran_on_both:
-                lines.append(f"        {n.ran_on_both} of its tests ran on both sides without that failure "
+            if n.compared:
+                lines.append(f"        {len(n.compared)} of its tests ran on both sides without that failure "
                              f"({n.passing_on_both} passing on both); they are compared one by one")
             if n.expected:
                 lines.append(f"        expected (suites file): {n.expected}")
     # the same failure on both sides of a file that did not run on either is said once, above
+    # (its tests that ran on both sides without that failure are listed as any other)
     silent = {n.file for n in r.not_running if len(n.sides) == 2}
+    compared = {k for n in r.not_running for k in n.compared}
     for attr, title in _TITLES:
         items = getattr(r, attr)
-        shown = [c for c in items if attr != "both_fail" or _file(c.id) not in silent]
+        shown = [c for c in items if attr != "both_fail" or _file(c.id) not in silent or c.id in compared]
         if shown:
             lines.append(f"  {title}:")
             for c in shown:
@@ -401,7 +403,7 @@ def report_json(r: SuiteReport) -> dict:
         "patched": side(r.patched),
         "files": r.files,
         "not_running": [{"file": n.file, "sides": list(n.sides), "message": n.message,
-                         "expected": n.expected, "ran_on_both": n.ran_on_both,
+                         "expected": n.expected, "ran_on_both": len(n.compared),
                          "passing_on_both": n.passing_on_both} for n in r.not_running],
         **{_JSON_KEYS.get(attr, attr): [c.to_json() for c in getattr(r, attr)] for attr, _ in _TITLES},
         "both_pass": r.both_pass,

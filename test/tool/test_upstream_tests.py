@@ -658,10 +658,14 @@ def test_did_not_really_run_says_how_many_tests_ran_on_both_sides():
     report = compare(SUITE, _fake_run("stock", _sources_like("/w/.venv-stock"), prefixes=("/w/.venv-stock",)),
                      _fake_run("patched", _sources_like("/w/.venv"), prefixes=("/w/.venv",)))
     (n,) = report.not_running
-    assert (n.ran_on_both, n.passing_on_both) == (4, 3)  # ok0-2 pass on both; other fails alike on both
+    assert (len(n.compared), n.passing_on_both) == (4, 3)  # ok0-2 pass on both; other fails alike on both
     assert ("(/w/.venv-stock/lib/torch/_dynamo/__init__.py)\n"
             "        4 of its tests ran on both sides without that failure (3 passing on both); "
             "they are compared one by one\n") in format_report(report)
+    # so the one among them that fails on both sides is listed; the 5 alike are not again
+    assert ("  failing on both, the same failure (not caused by the patch):\n"
+            "    test/test_x.py::other  failed: AssertionError: x\n"
+            "    (+5 in the files above that did not really run; listed in report.json)") in format_report(report)
     assert exit_status([report]) == 1
     assert report_json(report)["not_running"][0] | {"message": ""} == {
         "file": "test/test_x.py", "sides": ["stock", "patched"], "message": "", "expected": None,
