@@ -21,7 +21,13 @@ or when one and the same failure (normalized first line) is shared by at least
 two tests and by more than half of the file's tests that ran (not skipped): the
 comparison then says nothing about the patch (e.g. test/export/test_torchbind.py
 without ``libtorchbind_test.so``).  That fails the run unless the suite lists the
-file under ``expect_not_running`` with a reason.
+file under ``expect_not_running`` with a reason.  Its line also counts the tests that
+ran on both sides without that failure: they are compared one by one as any other.
+The same words on both sides but for paths and numbers (each interpreter's own path)
+are one line, ``[stock and patched]``.
+
+Counts follow pytest's summary, per phase: a test whose call fails and whose
+teardown then errors is 1 failed and 1 errored.
 """
 
 from __future__ import annotations
