@@ -391,8 +391,8 @@ def _not_pristine(inst: TorchInstall, series: Series, bad: dict[str, str],
         + "; nothing was changed",
         cause="these files were modified by someone else (not pristine torch "
         f"{series.version}, not our patched result), or only part of the series is applied",
-        next=f"reinstall pristine torch: {inst.reinstall}, "
-        f"then rerun: python -m torch_fork_overlay apply {_target_args(inst)}",
+        next=f"reinstall pristine torch: {inst.reinstall} (it replaces those files: keep a copy of any edit "
+        f"you need), then rerun: python -m torch_fork_overlay apply {_target_args(inst)}",
     )
 
 

@@ -60,7 +60,8 @@ def read_version(src: Path) -> CheckoutVersion:
         raise OverlayError(
             f"{src / 'version.txt'} holds {raw!r}, which is not a version",
             cause="the file was edited or the checkout is damaged",
-            next=f"git -C {src} checkout -- version.txt",
+            next=f"see what changed: git -C {src} diff -- version.txt; it must hold the checkout's release, "
+            "e.g. 2.15.0",
         ) from None
     return CheckoutVersion(raw=raw, base=v.base_version, is_prerelease=v.is_prerelease)
 

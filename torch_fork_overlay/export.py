@@ -291,7 +291,8 @@ def export(
         raise OverlayError(
             f"{src} has untracked files the series would create: {', '.join(clash)}",
             cause="an earlier apply or a copy of the tests left them behind",
-            next=f"git -C {src} clean -n to review them, remove them, then rerun",
+            next=f"see them: git -C {src} status --short; move them out of the checkout (or commit them on "
+            "another branch), then rerun",
         )
     sha, orig_branch = co.head(src)
     _check_base(src, base, series, sha)
@@ -299,7 +300,7 @@ def export(
         raise OverlayError(
             f"branch {branch} already exists in {src}",
             cause="an earlier export made it",
-            next=f"git -C {src} branch -D {branch}, or pass --branch <another name>",
+            next=f"pass --branch <another name> (what {branch} holds: git -C {src} log --oneline -3 {branch})",
         )
     ident = co.git(src, "var", "GIT_AUTHOR_IDENT", check=False)
     if ident.returncode != 0 or co.git(src, "var", "GIT_COMMITTER_IDENT", check=False).returncode != 0:

@@ -362,7 +362,8 @@ def check_roll_back(plan: Plan, *, what: str) -> dict[str, str]:
             f"{'; '.join(bad)}; nothing was changed",
             cause="files were modified after torch_fork_overlay applied the series "
             "(by hand, or by pip)",
-            next=f"reinstall pristine torch: {plan.inst.reinstall}",
+            next=f"reinstall pristine torch: {plan.inst.reinstall} (it replaces those files: keep a copy "
+            "of any edit you need)",
         )
     return actions
 

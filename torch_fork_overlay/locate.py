@@ -91,8 +91,8 @@ def find_dist_info(site_packages: Path, torch_dir: Path | None = None) -> Path |
         "torch/__init__.py and torch/version.py with their current hashes",
         cause="an interrupted or hand-made install or uninstall left a stale dist-info folder, "
         "so which RECORD describes these files is ambiguous",
-        next=f"let pip clean up: pip install --force-reinstall --no-deps torch==<the version you want> "
-        f"(or remove the stale folder from {site_packages} by hand), then rerun",
+        next="let pip clean up: pip install --force-reinstall --no-deps torch==<the version you want>, "
+        "then rerun",
     )
 
 
@@ -170,7 +170,8 @@ def locate(
             raise OverlayError(
                 f"torch for {py} is an empty namespace package at {torch_dir} (no __init__.py)",
                 cause="leftovers of an uninstall keep the torch/ folder importable",
-                next=f"remove {torch_dir} and reinstall torch: {py} -m pip install --force-reinstall torch",
+                next=f"reinstall torch into it: {py} -m pip install --force-reinstall torch "
+                f"(ls -a {torch_dir} shows what the uninstall left there)",
             )
     version, git_version = _read_version_py(torch_dir)
     di = find_dist_info(sp, torch_dir)

@@ -119,7 +119,7 @@ def read_patch_text(path: Path, *, what: str = "patch") -> str:
             f"{what} {path} is not UTF-8 text: byte 0x{raw[e.start]:02x} at line {line}",
             cause="the file was damaged or edited by hand with another encoding "
             "(patches are made by refresh, as UTF-8)",
-            next=f"restore it (git checkout -- {path}) or regenerate it: "
+            next=f"see what changed: git diff -- {path}, then regenerate it: "
             "python -m torch_fork_overlay refresh --help",
         ) from None
 

@@ -21,7 +21,13 @@ or when one and the same failure (normalized first line) is shared by at least
 two tests and by more than half of the file's tests that ran (not skipped): the
 comparison then says nothing about the patch (e.g. test/export/test_torchbind.py
 without ``libtorchbind_test.so``).  That fails the run unless the suite lists the
-file under ``expect_not_running`` with a reason.
+file under ``expect_not_running`` with a reason.  Its line also counts the tests that
+ran on both sides without that failure: they are compared one by one as any other.
+The same words on both sides but for paths and numbers (each interpreter's own path)
+are one line, ``[stock and patched]``.
+
+Counts follow pytest's summary, per phase: a test whose call fails and whose
+teardown then errors is 1 failed and 1 errored.
 """
 
 from __future__ import annotations
@@ -45,9 +51,16 @@ FAILING = frozenset({"failed", "errored", "crashed"})
 class Outcome:
     status: str        # one of STATUSES
     message: str = ""  # first line of the error ("ExcType: text"), or the skip reason
+    teardown: str = ""  # first line of an error in teardown after the test had failed (or errored in setup)
+    counts_as: tuple[str, ...] = ()  # what pytest's summary counts for it, one per phase; () is (status,)
 
     def __str__(self) -> str:
-        return f"{self.status}: {self.message}" if self.message else self.status
+        text = f"{self.status}: {self.message}" if self.message else self.status
+        return text + (f"; then errored in teardown: {self.teardown}" if self.teardown else "")
+
+    def to_json(self) -> dict:
+        return {"status": self.status, "message": self.message,
+                **({"teardown": self.teardown} if self.teardown else {})}
 
 
 @dataclasses.dataclass
@@ -72,7 +85,9 @@ class Run:
     def counts(self, ids=None) -> dict[str, int]:
         c = dict.fromkeys(STATUSES, 0)
         for key in self.outcomes if ids is None else ids:
-            c[self.outcomes[key].status] += 1
+            o = self.outcomes[key]
+            for status in o.counts_as or (o.status,):  # per phase, as pytest's summary counts
+                c[status] += 1
         return c
 
 
@@ -122,7 +137,7 @@ class Change:
     patched: Outcome | None
 
     def to_json(self) -> dict:
-        return {"id": self.id, **{s: dataclasses.asdict(o) if (o := getattr(self, s)) else None for s in SIDES}}
+        return {"id": self.id, **{s: o.to_json() if (o := getattr(self, s)) else None for s in SIDES}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +146,8 @@ class NotRunning:
     sides: tuple[str, ...]
     message: str          # "no test passed; 49 of 49 failed with: RuntimeError: ..."
     expected: str | None  # the suite's reason, when it says so
+    compared: tuple[str, ...] = ()  # its tests that ran on both sides (not skipped) without the failure named
+    passing_on_both: int = 0  # of those, how many passed on both
 
 
 @dataclasses.dataclass
@@ -161,8 +178,8 @@ class SuiteReport:
 
 
 def _key(run: Run, o: Outcome) -> str:
-    """What must match for two failures to be the same: status and normalized first line."""
-    return normalize(f"{o.status}: {o.message}", run.prefixes, run.tmpdirs)
+    """What must match for two failures to be the same: status and normalized first line (and teardown error)."""
+    return normalize(str(o), run.prefixes, run.tmpdirs)
 
 
 def _file(node_id: str) -> str:
@@ -213,42 +230,69 @@ def compare(suite: Suite, stock: Run, patched: Run) -> SuiteReport:
             if f in expected:
                 expected_but_ran.append((f, expected[f]))
             continue
-        if len(sides) == 2 and why["stock"] != why["patched"]:
-            not_running += [NotRunning(f, (side,), why[side], expected.get(f)) for side in sides]
+        ran = _ran_on_both(f, {side: why[side][2] for side in sides}, stock, patched)
+        # the same words but for each side's paths and numbers (its interpreter, temp dir): said once
+        if len(sides) == 2 and why["stock"][1] != why["patched"][1]:
+            not_running += [NotRunning(f, (side,), why[side][0], expected.get(f), *ran) for side in sides]
         else:
-            not_running.append(NotRunning(f, sides, why[sides[0]], expected.get(f)))
+            not_running.append(NotRunning(f, sides, why[sides[0]][0], expected.get(f), *ran))
     return SuiteReport(suite, stock, patched, regressions, suspected, fixes, both_fail, both_pass, skipped,
                        only_patched, not_run, per_file, not_running, expected_but_ran)
 
 
-def _not_running_reason(run: Run, file: str) -> str | None:
-    """Why ``file`` did not really run on this side, or None when it did (see the module doc)."""
+def _not_running_reason(run: Run, file: str) -> tuple[str, str, str | None] | None:
+    """Why ``file`` did not really run on this side, or None when it did (see the module doc): the
+    words, the same words with the message normalized (``_key``: two sides say the same when these
+    match), and the key of the failure they name (None for none)."""
     outs = [o for k, o in run.outcomes.items() if _file(k) == file]
     early = "" if run.complete else " (the run stopped early)"
     if not outs:
-        return "no test ran: none collected, or all deselected" + early
+        text = "no test ran: none collected, or all deselected" + early
+        return text, text, None
     ran = [o for o in outs if o.status != "skipped"]
     if not ran:
-        msg, n = _most_common(outs, run)
-        return f"every test skipped ({len(outs)})" + (f": {msg}" if n == len(outs) else f"; {n} with: {msg}")
+        msg, key, n = _most_common(outs, run)
+
+        def say(m: str) -> str:
+            return f"every test skipped ({len(outs)})" + (f": {m}" if n == len(outs) else f"; {n} with: {m}")
+        return say(msg), say(key), None
     failing = [o for o in ran if o.status in FAILING]
     if not failing:
         return None
-    msg, n = _most_common(failing, run)
+    msg, key, n = _most_common(failing, run)
     if len(failing) == len(ran):  # no test passed
-        return (f"no test passed: {n} of {len(ran)} failed with: {msg}" if n == len(ran) else
-                f"no test passed: {len(ran)} failed, the most common failure ({n} of them): {msg}")
-    if n >= 2 and 2 * n > len(ran):
-        return f"{n} of {len(ran)} tests that ran failed with one message: {msg}"
-    return None
+        def say(m: str) -> str:
+            return (f"no test passed: {n} of {len(ran)} failed with: {m}" if n == len(ran) else
+                    f"no test passed: {len(ran)} failed, the most common failure ({n} of them): {m}")
+    elif n >= 2 and 2 * n > len(ran):
+        def say(m: str) -> str:
+            return f"{n} of {len(ran)} tests that ran failed with one message: {m}"
+    else:
+        return None
+    return say(msg), say(key), key
 
 
-def _most_common(outs: list[Outcome], run: Run) -> tuple[str, int]:
-    """The most common of ``outs`` alike (see ``_key``): its first message as it was, and how many."""
+def _most_common(outs: list[Outcome], run: Run) -> tuple[str, str, int]:
+    """The most common of ``outs`` alike (see ``_key``): its first message as it was, its key, and how many."""
     keys = [_key(run, o) for o in outs]
     key, n = collections.Counter(keys).most_common(1)[0]
     first = outs[keys.index(key)]
-    return first.message or first.status, n
+    return first.message or first.status, key, n
+
+
+def _ran_on_both(file: str, failures: dict[str, str | None], stock: Run, patched: Run) -> tuple[tuple[str, ...], int]:
+    """The tests of ``file`` that ran on both sides (not skipped) without the failure that made a side
+    not really run (``failures``: side -> its ``_key``), and how many of those passed on both."""
+    ran, passing = [], 0
+    for key, a in sorted(stock.outcomes.items()):
+        b = patched.outcomes.get(key)
+        if _file(key) != file or b is None or "skipped" in (a.status, b.status):
+            continue
+        if _key(stock, a) == failures.get("stock") or _key(patched, b) == failures.get("patched"):
+            continue
+        ran.append(key)
+        passing += a.status == b.status == "passed"
+    return tuple(ran), passing
 
 
 # --- rendering -----------------------------------------------------------------
@@ -301,13 +345,18 @@ def format_report(r: SuiteReport) -> str:
         lines.append("  did not really run (the comparison says nothing about these):")
         for n in r.not_running:
             lines.append(f"    {n.file} [{' and '.join(n.sides)}]: {n.message}")
+            if n.compared:
+                lines.append(f"        {len(n.compared)} of its tests ran on both sides without that failure "
+                             f"({n.passing_on_both} passing on both); they are compared one by one")
             if n.expected:
                 lines.append(f"        expected (suites file): {n.expected}")
     # the same failure on both sides of a file that did not run on either is said once, above
+    # (its tests that ran on both sides without that failure are listed as any other)
     silent = {n.file for n in r.not_running if len(n.sides) == 2}
+    compared = {k for n in r.not_running for k in n.compared}
     for attr, title in _TITLES:
         items = getattr(r, attr)
-        shown = [c for c in items if attr != "both_fail" or _file(c.id) not in silent]
+        shown = [c for c in items if attr != "both_fail" or _file(c.id) not in silent or c.id in compared]
         if shown:
             lines.append(f"  {title}:")
             for c in shown:
@@ -335,7 +384,8 @@ def format_reports(reports: list[SuiteReport]) -> str:
     lines = [format_report(r) for r in reports]
     n = {attr: sum(len(getattr(r, attr)) for r in reports) for attr in ("regressions", "suspected", "fixes")}
     incomplete = [r.suite.name for r in reports if not r.complete]
-    not_running = [f"{r.suite.name}:{n.file}" for r in reports for n in r.not_running if n.expected is None]
+    not_running = [f"{r.suite.name}:{n.file} [{' and '.join(n.sides)}]" for r in reports for n in r.not_running
+                   if n.expected is None]
     lines.append(f"summary: {len(reports)} suite(s), {n['regressions']} regression(s), "
                  f"{n['suspected']} suspected regression(s), {n['fixes']} fix(es)"
                  + (f"; incomplete: {', '.join(incomplete)}" if incomplete else "")
@@ -359,7 +409,8 @@ def report_json(r: SuiteReport) -> dict:
         "patched": side(r.patched),
         "files": r.files,
         "not_running": [{"file": n.file, "sides": list(n.sides), "message": n.message,
-                         "expected": n.expected} for n in r.not_running],
+                         "expected": n.expected, "ran_on_both": len(n.compared),
+                         "passing_on_both": n.passing_on_both} for n in r.not_running],
         **{_JSON_KEYS.get(attr, attr): [c.to_json() for c in getattr(r, attr)] for attr, _ in _TITLES},
         "both_pass": r.both_pass,
         "skipped": r.skipped,

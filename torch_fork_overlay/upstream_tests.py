@@ -167,7 +167,10 @@ def read_outcomes(path: Path, crashed: str) -> tuple[dict[str, Outcome], bool]:
 
     A test that started and has no teardown report was running when pytest died: it is
     ``crashed``, with ``crashed`` as its message. A failure in the test's call is ``failed``;
-    in setup, teardown or collection (the id is then the file's or class's) ``errored``.
+    in setup, teardown or collection (the id is then the file's or class's) ``errored``. Each
+    phase is also counted as pytest's summary counts it: a call that fails and a teardown that
+    then errors is 1 failed and 1 error (the teardown's line is kept next to the failure), a
+    passing call with an erroring teardown 1 passed and 1 error.
     """
     phases: dict[str, list[dict]] = {}
     finished = False
@@ -184,16 +187,34 @@ def read_outcomes(path: Path, crashed: str) -> tuple[dict[str, Outcome], bool]:
     return {key: _outcome(recs, crashed) for key, recs in phases.items()}, finished
 
 
+def _counted(record: dict) -> str | None:
+    """What pytest's summary counts for one phase: a failed call ``failed``, a failed setup,
+    teardown or collection ``errored``, a skip ``skipped``, a passed call ``passed``; else nothing."""
+    outcome = record.get("outcome")
+    if outcome == "failed":
+        return "failed" if record["when"] == "call" else "errored"
+    if outcome == "skipped" or (outcome == "passed" and record["when"] == "call"):
+        return outcome
+    return None
+
+
 def _outcome(records: list[dict], crashed: str) -> Outcome:
     if not {"teardown", "collect"} & {r["when"] for r in records}:
         return Outcome("crashed", crashed)
-    for r in records:
-        if r.get("outcome") == "failed":
-            return Outcome("failed" if r["when"] == "call" else "errored", r.get("message", ""))
+    counted = tuple(c for r in records if (c := _counted(r)))
+
+    def outcome(status: str, message: str = "", teardown: str = "") -> Outcome:
+        return Outcome(status, message, teardown, () if counted == (status,) else counted)
+
+    failed = [r for r in records if r.get("outcome") == "failed"]
+    if failed:
+        first = failed[0]
+        teardown = next((r.get("message", "") for r in failed[1:] if r["when"] == "teardown"), "")
+        return outcome("failed" if first["when"] == "call" else "errored", first.get("message", ""), teardown)
     for r in records:
         if r.get("outcome") == "skipped":
-            return Outcome("skipped", r.get("message", ""))
-    return Outcome("passed")
+            return outcome("skipped", r.get("message", ""))
+    return outcome("passed")
 
 
 # --- running -------------------------------------------------------------------

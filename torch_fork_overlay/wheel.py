@@ -91,16 +91,26 @@ def download_wheel(*, version: str, cache_dir: Path) -> Path:
     return found[-1]
 
 
-def _bad_wheel(path: Path, detail: str, cause: str, version: object = "<release>") -> OverlayError:
+def _next_wheel(path: Path, version: object, own: bool) -> str:
+    """What to do about an unusable wheel: only the tool's own download may be removed;
+    a file the user named is theirs, whatever it holds."""
+    if own:
+        return (f"it is this tool's own download (its cache): remove it, rm {path}, and rerun: "
+                f"python -m torch_fork_overlay wheel --version {version}")
+    return (f"pass an official torch wheel instead: --wheel /path/to/torch-{version}-<tags>.whl, "
+            f"or let the tool download it: python -m torch_fork_overlay wheel --version {version}")
+
+
+def _bad_wheel(path: Path, detail: str, cause: str, version: object = "<release>",
+               own: bool = False) -> OverlayError:
     return OverlayError(
         f"{path} is not a usable official torch wheel: {detail}",
         cause=cause,
-        next="delete it and fetch the official wheel again: python -m torch_fork_overlay "
-        f"wheel --version {version} (or pass --wheel with a good file)",
+        next=_next_wheel(path, version, own),
     )
 
 
-def _hasher(zf: zipfile.ZipFile, path: Path, version: object):
+def _hasher(zf: zipfile.ZipFile, path: Path, version: object, own: bool):
     """sha256 of a member of the wheel, read without unpacking it."""
     names = set(zf.namelist())
 
@@ -111,7 +121,7 @@ def _hasher(zf: zipfile.ZipFile, path: Path, version: object):
             return st.sha256_bytes(zf.read(rel))
         except (zipfile.BadZipFile, OSError, EOFError) as e:
             raise _bad_wheel(path, f"cannot read {rel} ({e})",
-                             "the download was truncated or the file is corrupt", version) from None
+                             "the download was truncated or the file is corrupt", version, own) from None
 
     return sha
 
@@ -175,6 +185,7 @@ def build_wheel(
         ) from None
     t_all = time.monotonic()
     downloaded = False
+    own = wheel_path is None  # the tool's own download: the only wheel its errors may say to remove
     if wheel_path is None:
         # fail fast before downloading when no series can serve it
         root, supported = patches_root(patches_dir), supported_versions(patches_dir)
@@ -200,19 +211,20 @@ def build_wheel(
     try:
         name, wver, _build, _tags = parse_wheel_filename(wheel_path.name)
     except (InvalidWheelFilename, InvalidVersion) as e:
-        raise _bad_wheel(wheel_path, f"bad file name ({e})", "it is not a wheel file", newest) from None
+        raise _bad_wheel(wheel_path, f"bad file name ({e})", "it is not a wheel file: a wrong path was passed",
+                         newest, own) from None
     if name != "torch":
         raise _bad_wheel(wheel_path, f"it is a wheel of {name!r}, not torch",
-                         "the wrong file was passed", newest)
+                         "the wrong file was passed", newest, own)
     if not zipfile.is_zipfile(wheel_path):
         raise _bad_wheel(wheel_path, "it is not a zip archive",
-                         "the download was truncated or the file is corrupt", wver)
+                         "the download was truncated or the file is corrupt", wver, own)
     what = f"torch {wver} ({wheel_path})"
     if downloaded:
         what = (f"torch {wver} (downloaded first to {wheel_path}: without a folder "
                 f"v{base_version(str(wver))}, only its files' sha256 can tell which series serves it)")
     with zipfile.ZipFile(wheel_path) as zf:
-        serving = find_serving(str(wver), hash_of=_hasher(zf, wheel_path, wver), what=what,
+        serving = find_serving(str(wver), hash_of=_hasher(zf, wheel_path, wver, own), what=what,
                                patches_dir=patches_dir)
     series = serving.series
     if not serving.own and serving.match != "none":
@@ -230,8 +242,7 @@ def build_wheel(
                 what=f"wheel unpack failed on {wheel_path}",
                 cause="the wheel is corrupt: a file does not match its RECORD hash, "
                 "or the archive is damaged",
-                next="delete it and fetch the official wheel again: python -m "
-                f"torch_fork_overlay wheel --version {wver}")
+                next=_next_wheel(wheel_path, wver, own))
         (unpacked,) = [p for p in tmp.iterdir() if p.is_dir()]
         (dist_info,) = list(unpacked.glob("*.dist-info"))
         base, local = _local_of(unpacked, dist_info)
@@ -244,7 +255,7 @@ def build_wheel(
                 wheel_path,
                 f"{', '.join(wrong)} differ from pristine torch {series.version}",
                 "it is not an official build of that release (or was already patched)",
-                wver,
+                wver, own,
             )
         with timed(f"applying the v{series.version} series"):
             applied = patch_tree(root=unpacked, series=series, include_tests=False)

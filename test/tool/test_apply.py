@@ -83,7 +83,8 @@ def test_file_modified_by_someone_else(fake_install, patches_dir):
         f"{config} is unknown; nothing was changed\n"
         "  likely cause: these files were modified by someone else (not pristine torch 2.15.0, "
         "not our patched result), or only part of the series is applied\n"
-        "  next: reinstall pristine torch: pip install --force-reinstall --no-deps torch==2.15.0, "
+        "  next: reinstall pristine torch: pip install --force-reinstall --no-deps torch==2.15.0 (it replaces "
+        "those files: keep a copy of any edit you need), "
         f"then rerun: python -m torch_fork_overlay apply --site-packages {fake_install}"
     )
     assert tree_digest(fake_install) == before

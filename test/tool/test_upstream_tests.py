@@ -18,7 +18,15 @@ from pathlib import Path
 import pytest
 
 from torch_fork_overlay.errors import OverlayError
-from torch_fork_overlay.upstream_report import Outcome, Run, compare, format_report, normalize
+from torch_fork_overlay.upstream_report import (
+    Outcome,
+    Run,
+    compare,
+    format_report,
+    format_reports,
+    normalize,
+    report_json,
+)
 from torch_fork_overlay.upstream_tests import (
     Suite,
     exit_status,
@@ -131,6 +139,33 @@ def test_c_after():
     pass
 '''
 
+# a call that fails and then a teardown that errors: pytest counts 1 failed and 1 error for it (and its
+# junit has two testcase entries), a passing call with an erroring teardown 1 passed and 1 error
+TEARDOWN = '''\
+import os
+import pytest
+
+@pytest.fixture
+def resource():
+    yield 1
+    raise RuntimeError("teardown broke")
+
+@pytest.fixture
+def resource_patched():
+    yield 1
+    if os.environ.get("TFO_TEST_SIDE") == "patched":
+        raise RuntimeError("teardown broke on patched")
+
+def test_fails_then_teardown_errors(resource):
+    assert resource == 2, "call broke"
+
+def test_teardown_errors_patched(resource_patched):
+    pass
+
+def test_passes():
+    pass
+'''
+
 SUITES = '''\
 [suites.tiny]
 description = "three small files"
@@ -148,6 +183,10 @@ timeout = 60
 files = ["test/test_gamma.py"]
 timeout = 60
 expect_not_running = [{ file = "test/test_gamma.py", reason = "needs libtfo_test.so, which no wheel ships" }]
+
+[suites.teardown]
+files = ["test/test_teardown.py"]
+timeout = 60
 
 [suites.crashy]
 files = ["test/test_crashy.py"]
@@ -183,7 +222,8 @@ def env(tmp_path, monkeypatch):
     (src / "test" / "sub").mkdir(parents=True)
     (src / "test" / "test_alpha.py").write_text(ALPHA)
     (src / "test" / "sub" / "test_beta.py").write_text(BETA)
-    for name, text in (("test_epsilon.py", EPSILON), ("test_gamma.py", GAMMA), ("test_crashy.py", CRASHY)):
+    for name, text in (("test_epsilon.py", EPSILON), ("test_gamma.py", GAMMA), ("test_crashy.py", CRASHY),
+                       ("test_teardown.py", TEARDOWN)):
         (src / "test" / name).write_text(text)
     suites = tmp_path / "suites.toml"
     suites.write_text(SUITES)
@@ -270,6 +310,7 @@ def test_classifies_every_test(env):
     assert tiny["patched"]["errored"] == 2 and tiny["stock"]["passed"] == 6
     assert tiny["files"]["test/test_alpha.py"]["patched"]["errored"] == 1
     assert tiny["not_running"] == [{"file": "test/test_epsilon.py", "sides": ["patched"], "expected": None,
+                                    "ran_on_both": 0, "passing_on_both": 0,
                                     "message": "no test passed: 1 of 1 failed with: "
                                     "ModuleNotFoundError: No module named 'tfo_no_such_module'"}]
     assert (out / "tiny-stock.xml").is_file() and (out / "tiny-patched.jsonl").is_file()
@@ -304,7 +345,42 @@ def test_a_file_that_did_not_really_run(env):
     assert expected.not_running[0].expected == "needs libtfo_test.so, which no wheel ships"
     assert exit_status([expected]) == 0
     assert "        expected (suites file): needs libtfo_test.so, which no wheel ships" in text
-    assert "did not really run: torchbind_like:test/test_gamma.py; NOT CLEAN" in text
+    assert "did not really run: torchbind_like:test/test_gamma.py [stock and patched]; NOT CLEAN" in text
+
+
+def _pytest_summary(log: Path) -> dict[str, int]:
+    """The counts of pytest's own last line ("1 failed, 2 passed, 1 error in 0.05s"), in our words."""
+    import re
+
+    (line,) = re.findall(r"^(\d+ \w+(?:, \d+ \w+)*) in [\d.]+s", log.read_text(), re.M)
+    words = {"passed": "passed", "failed": "failed", "error": "errored", "errors": "errored", "skipped": "skipped"}
+    got = dict.fromkeys(("passed", "failed", "errored", "skipped", "crashed"), 0)
+    for n, word in (part.split() for part in line.split(", ")):
+        got[words[word]] += int(n)
+    return got
+
+
+def test_teardown_errors_are_counted_per_phase_as_pytest_does(env):
+    import xml.etree.ElementTree as ET
+
+    (r,), text = _run(env, "teardown")
+    td = "test/test_teardown.py::"
+    assert r.stock.counts() == {"passed": 2, "failed": 1, "errored": 1, "skipped": 0, "crashed": 0}
+    assert r.patched.counts() == {"passed": 2, "failed": 1, "errored": 2, "skipped": 0, "crashed": 0}
+    for run in (r.stock, r.patched):
+        assert run.counts() == _pytest_summary(run.log)
+        suite = ET.parse(run.junit).getroot().find("testsuite")
+        assert (int(suite.get("failures")), int(suite.get("errors"))) == (run.counts()["failed"],
+                                                                           run.counts()["errored"])
+    # the teardown error is shown next to its test
+    assert (f"    {td}test_fails_then_teardown_errors  failed: AssertionError: call broke; "
+            "then errored in teardown: RuntimeError: teardown broke\n") in text
+    assert (f"    {td}test_teardown_errors_patched\n"
+            "        patched: errored: RuntimeError: teardown broke on patched\n") in text
+    assert "  stock:   2 passed, 1 failed, 1 errored, 0 skipped, 0 crashed; pytest exit 1" in text
+    assert "  patched: 2 passed, 1 failed, 2 errored, 0 skipped, 0 crashed; pytest exit 1" in text
+    assert "    | test/test_teardown.py | 2 / 2 | 1 / 1 | 1 / 2 | 0 / 0 | 0 / 0 |" in text
+    assert r.not_running == []
 
 
 def test_a_crash_names_the_test_and_keeps_what_ran(env):
@@ -458,6 +534,7 @@ F = ("failed", "AssertionError: x")
         (F, ("errored", "AssertionError: x"), "suspected"),         # the same line, another status
         (F, ("failed", "AssertionError: y"), "suspected"),          # another first line
         (F, ("crashed", "pytest died"), "suspected"),
+        (F, Outcome("failed", "AssertionError: x", teardown="RuntimeError: y"), "suspected"),  # a new teardown error
         (("failed", "AssertionError: 3 != 4 at 0x7f01"), ("failed", "AssertionError: 3 != 5 at 0x7e02"),
          "both_fail"),                                              # numbers and addresses normalized
         (F, F, "both_fail"),
@@ -544,3 +621,52 @@ def test_normalize():
     assert normalize("RuntimeError: no lib in /w/.venv-stock/lib/torch", ("/w/.venv-stock",)) == \
         normalize("RuntimeError: no lib in /w/.venv/lib/torch", ("/w/.venv",))
     assert normalize("AssertionError: add(x, 1)") != normalize("AssertionError: opaque_region(x)")
+
+
+def _sources_like(prefix: str) -> dict:
+    """Like test/dynamo/test_sources.py on 2.15.0: 5 of 9 tests that ran need a newer API (the
+    message names the interpreter's own torch), 3 really run and pass, 1 fails on its own."""
+    imp = f"ImportError: cannot import name 'newer_api' from 'torch._dynamo' ({prefix}/lib/torch/_dynamo/__init__.py)"
+    return ({f"test/test_x.py::new{i}": ("failed", imp) for i in range(5)}
+            | {f"test/test_x.py::ok{i}": ("passed",) for i in range(3)}
+            | {"test/test_x.py::other": F, "test/test_x.py::gpu": ("skipped", "Skipped: no GPU")})
+
+
+def test_did_not_really_run_alike_but_for_the_interpreter_path_is_said_once():
+    report = compare(SUITE, _fake_run("stock", _sources_like("/w/.venv-stock"), prefixes=("/w/.venv-stock",)),
+                     _fake_run("patched", _sources_like("/w/.venv"), prefixes=("/w/.venv",)))
+    assert [(n.file, n.sides) for n in report.not_running] == [("test/test_x.py", ("stock", "patched"))]
+    text = format_reports([report])
+    assert ("    test/test_x.py [stock and patched]: 5 of 9 tests that ran failed with one message: "
+            "ImportError: cannot import name 'newer_api' from 'torch._dynamo' "
+            "(/w/.venv-stock/lib/torch/_dynamo/__init__.py)\n") in text
+    assert "did not really run: s:test/test_x.py [stock and patched]; NOT CLEAN" in text
+
+
+def test_did_not_really_run_differently_on_each_side_labels_the_sides():
+    stock, patched = _sources_like("/w/.venv-stock"), _sources_like("/w/.venv")
+    patched["test/test_x.py::ok0"] = patched["test/test_x.py::new0"]  # 6 of 9 on patched
+    report = compare(SUITE, _fake_run("stock", stock, prefixes=("/w/.venv-stock",)),
+                     _fake_run("patched", patched, prefixes=("/w/.venv",)))
+    assert [n.sides for n in report.not_running] == [("stock",), ("patched",)]
+    assert "did not really run: s:test/test_x.py [stock], s:test/test_x.py [patched]; NOT CLEAN" in \
+        format_reports([report])
+
+
+def test_did_not_really_run_says_how_many_tests_ran_on_both_sides():
+    """The verdict stays; the tests that ran on both sides without that failure are counted next to it."""
+    report = compare(SUITE, _fake_run("stock", _sources_like("/w/.venv-stock"), prefixes=("/w/.venv-stock",)),
+                     _fake_run("patched", _sources_like("/w/.venv"), prefixes=("/w/.venv",)))
+    (n,) = report.not_running
+    assert (len(n.compared), n.passing_on_both) == (4, 3)  # ok0-2 pass on both; other fails alike on both
+    assert ("(/w/.venv-stock/lib/torch/_dynamo/__init__.py)\n"
+            "        4 of its tests ran on both sides without that failure (3 passing on both); "
+            "they are compared one by one\n") in format_report(report)
+    # so the one among them that fails on both sides is listed; the 5 alike are not again
+    assert ("  failing on both, the same failure (not caused by the patch):\n"
+            "    test/test_x.py::other  failed: AssertionError: x\n"
+            "    (+5 in the files above that did not really run; listed in report.json)") in format_report(report)
+    assert exit_status([report]) == 1
+    assert report_json(report)["not_running"][0] | {"message": ""} == {
+        "file": "test/test_x.py", "sides": ["stock", "patched"], "message": "", "expected": None,
+        "ran_on_both": 4, "passing_on_both": 3}

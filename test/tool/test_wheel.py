@@ -78,8 +78,9 @@ def _fails(tmp_path, whl, patches_dir) -> str:
     return str(e.value)
 
 
-NEXT = ("  next: delete it and fetch the official wheel again: python -m torch_fork_overlay wheel "
-        "--version 2.15.0 (or pass --wheel with a good file)")
+# a file the user named is never to be deleted or overwritten: say how to pass the right one
+NEXT = ("  next: pass an official torch wheel instead: --wheel /path/to/torch-2.15.0-<tags>.whl, or let "
+        "the tool download it: python -m torch_fork_overlay wheel --version 2.15.0")
 
 
 def test_truncated_wheel(tmp_path, stock_site_packages, patches_dir):
@@ -108,9 +109,33 @@ def test_wheel_with_file_not_matching_record(tmp_path, stock_site_packages, patc
     assert msg.endswith(
         "  likely cause: the wheel is corrupt: a file does not match its RECORD hash, or the archive "
         "is damaged\n"
-        "  next: delete it and fetch the official wheel again: python -m torch_fork_overlay wheel "
-        "--version 2.15.0"
-    )
+    + NEXT)
+
+
+def test_a_file_that_is_not_a_wheel_is_left_alone(tmp_path, patches_dir):
+    """``wheel --wheel /etc/passwd``: a wrong path, not a file to delete."""
+    passwd = tmp_path / "passwd"
+    passwd.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    msg = _fails(tmp_path, passwd, patches_dir)
+    assert msg.startswith(f"error: {passwd} is not a usable official torch wheel: bad file name (")
+    assert "\n  likely cause: it is not a wheel file: a wrong path was passed\n" in msg
+    assert msg.endswith("\n" + NEXT)
+    assert "delete" not in msg and passwd.read_text().startswith("root:")
+
+
+def test_own_download_that_is_corrupt_is_named_as_the_tools_own(tmp_path, stock_site_packages, patches_dir,
+                                                               monkeypatch):
+    """Only a wheel the tool downloaded into its cache may be removed, and the error says it is its own."""
+    cached = make_wheel(tmp_path, stock_site_packages)
+    cached.write_bytes(cached.read_bytes()[:1000])
+    monkeypatch.setattr("torch_fork_overlay.wheel.download_wheel", lambda **kw: cached)
+    with pytest.raises(OverlayError) as e:
+        build_wheel(version="2.15.0", out_dir=tmp_path / "dist", patches_dir=patches_dir,
+                    cache_dir=tmp_path / "cache")
+    assert str(e.value).endswith(
+        "  likely cause: the download was truncated or the file is corrupt\n"
+        f"  next: it is this tool's own download (its cache): remove it, rm {cached}, and rerun: "
+        "python -m torch_fork_overlay wheel --version 2.15.0")
 
 
 def test_wheel_of_another_project(tmp_path, stock_site_packages, patches_dir):
