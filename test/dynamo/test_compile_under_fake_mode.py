@@ -2,7 +2,8 @@
 """
 torch.compile called under a user-created FakeTensorMode, or on FakeTensors made
 by one, behaves like the same function run eagerly under that mode.
-See Note [Inheriting the ambient FakeTensorMode] in torch/_dynamo/output_graph.py
+See Note [Inheriting the ambient FakeTensorMode] in
+torch/_dynamo/ambient_fake_mode/__init__.py
 """
 
 import contextlib
@@ -815,7 +816,9 @@ class GraphModule(torch.nn.Module):
                 "torch._dynamo.backends.common.aot_autograd", failing_aot_autograd
             ),
         ):
-            with self.assertLogs("torch._dynamo.output_graph", "WARNING") as logs:
+            with self.assertLogs(
+                "torch._dynamo.ambient_fake_mode.regions", "WARNING"
+            ) as logs:
                 with mode:
                     x = torch.randn(3)
                     for _ in range(3):
