@@ -8,9 +8,10 @@ What stock torch does is data, per range of releases: test/stock_failures.toml.
   each backend fails as its release's ``[[seed]]`` range says, or passes where
   it says so (a sanity check); on the patched one (TORCH_FORK_OVERLAY_PATCHED_PYTHON)
   every backend returns a FakeTensor of the mode.
-* The contract tests (test/dynamo/test_compile_under_fake_mode.py) on stock,
-  for releases with a ``[[contract]]`` range: the listed ones fail with their
-  message, read from a junit XML.
+* The contract tests (CONTRACT: one class per patch of the fix, in
+  test/dynamo/test_compile_under_fake_mode*.py) on stock, for releases with a
+  ``[[contract]]`` range: the listed ones, named by method wherever they live,
+  fail with their message, read from a junit XML.
 
 tools/test sets both variables (the default release); tools/test-releases sets
 one at a time for every other release. A test whose interpreter is not set skips.
@@ -35,8 +36,17 @@ from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "test" / "stock_failures.toml"
-TEST_FILE = REPO / "test" / "dynamo" / "test_compile_under_fake_mode.py"
-CLASS = "CompileUnderFakeModeTests"
+# The contract tests: (file, class), one per patch of the fix. [[contract]]
+# entries name a test by its method name, which is unique across these classes.
+# Not CompileUnderFakeModeRegionTests, which runs them all again with regions.
+CONTRACT = [
+    ("test/dynamo/test_compile_under_fake_mode.py", "CompileUnderFakeModeTests"),
+    ("test/dynamo/test_compile_under_fake_mode_guards.py", "CompileUnderFakeModeGuardTests"),
+    ("test/dynamo/test_compile_under_fake_mode_backends.py", "CompileUnderFakeModeBackendTests"),
+    ("test/dynamo/test_compile_under_fake_mode_observers.py", "CompileUnderFakeModeObserverTests"),
+    ("test/dynamo/test_compile_under_fake_mode_optimizer.py", "CompileUnderFakeModeOptimizerTests"),
+    ("test/dynamo/test_compile_under_fake_mode_regions.py", "CompileUnderFakeModeRegionTieringTests"),
+]
 BACKENDS = ["eager", "aot_eager", "inductor"]
 
 SEED = r"""
@@ -177,13 +187,35 @@ def torch_version_of(python: str) -> str:
                           capture_output=True, text=True, check=True).stdout.strip()
 
 
+def contract_ids(python: str, names: list[str], env: dict[str, str]) -> list[str]:
+    """The pytest ids of the contract tests with these method names, in whichever
+    file and class of CONTRACT each one lives (collected by the stock interpreter:
+    parametrized tests get their names there)."""
+    proc = subprocess.run(
+        [python, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-p", "stock_config_shim",
+         *(f"{file}::{cls}" for file, cls in CONTRACT)],
+        cwd=REPO, capture_output=True, text=True, timeout=900, env=env,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"stock pytest could not collect the contract tests:\n{proc.stdout[-3000:]}\n"
+                    f"{proc.stderr[-3000:]}")
+    ids = [line for line in proc.stdout.splitlines() if "::" in line and line.rsplit("::", 1)[1] in names]
+    found = [i.rsplit("::", 1)[1] for i in ids]
+    twice = sorted({n for n in found if found.count(n) > 1})
+    assert not twice, f"contract tests named alike in two classes of CONTRACT: {twice}"
+    return ids
+
+
 def run_on_stock(tmp_path, python: str, names: list[str]) -> dict[str, str | None]:
     report = tmp_path / "junit.xml"
-    ids = [f"{TEST_FILE}::{CLASS}::{name}" for name in names]
     # stock_config_shim: stock torch lacks the patch's config switches, which the
     # tests set; without them every test would fail in setUp for that alone.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "test"),
                                                                     os.environ.get("PYTHONPATH")])))
+    # A name no class holds is left out here, and reported as not run.
+    ids = contract_ids(python, names, env)
+    if not ids:
+        return {}
     proc = subprocess.run(
         [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "stock_config_shim",
          f"--junitxml={report}", *ids],

@@ -1,13 +1,17 @@
 # Owner(s): ["module: dynamo"]
 """
 torch.compile called under a user-created FakeTensorMode, or on FakeTensors made
-by one, behaves like the same function run eagerly under that mode.
-See Note [Inheriting the ambient FakeTensorMode] in torch/_dynamo/output_graph.py
+by one, behaves like the same function run eagerly under that mode: the capture
+and the runtime. The tests of the later patches are in
+test_compile_under_fake_mode_{guards,backends,observers,optimizer,regions}.py,
+which import what they share from this file: the helpers, the feature flags and
+CompileUnderFakeModeTestCase.
+See Note [Inheriting the ambient FakeTensorMode] in
+torch/_dynamo/ambient_fake_mode/__init__.py
 """
 
 import contextlib
 import functools
-import gc
 import importlib.util
 import threading
 import unittest
@@ -94,25 +98,16 @@ def regions_compiled():
     return counters["fake_mode"]["regions_compiled"]
 
 
-def region_cache_keys():
-    # Dispatch-cache keys of fake_mode_region calls: they hold the region's
-    # graph module type and id.
-    return [
-        key
-        for key in FakeTensorMode.cache
-        if any(
-            isinstance(v, type) and issubclass(v, torch.fx.GraphModule) for v in key.key
-        )
-    ]
-
-
 def rotary(x, freqs):
     # Rotary embedding in complex numbers, as Llama implementations write it.
     xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
     return torch.view_as_real(xc * freqs).flatten(-2).type_as(x)
 
 
-class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
+class CompileUnderFakeModeTestCase(torch._dynamo.test_case.TestCase):
+    """setUp, tearDown and the assertions the test files of the Note share. It
+    holds no tests: a file that imports it collects only its own."""
+
     def setUp(self):
         super().setUp()
         # A FakeTensor's data pointer must never be read: that is what
@@ -181,7 +176,9 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
         self.assertOwnedLikeEager(out, ref, mode)
         return out
 
-    # 1. Outputs are FakeTensors owned by the mode, with eager's metadata.
+
+class CompileUnderFakeModeTests(CompileUnderFakeModeTestCase):
+    # Outputs are FakeTensors owned by the mode, with eager's metadata.
     @parametrize("backend", BACKENDS)
     def test_outputs_owned_by_mode(self, backend):
         self.check_like_eager(
@@ -197,15 +194,7 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
             fn, lambda: (torch.randn(5, 3), torch.randn(5, 2)), backend
         )
 
-    # 2. Fake cuda inputs work on a machine without a GPU.
-    @parametrize("backend", BACKENDS)
-    def test_fake_cuda_input(self, backend):
-        out = self.check_like_eager(
-            lambda x: x * 2 + 1, lambda: (torch.randn(4, 3, device="cuda"),), backend
-        )
-        self.assertEqual(out.device.type, "cuda")
-
-    # 3. Inputs used outside the mode, from_tensor, no tensor inputs at all.
+    # Inputs used outside the mode, from_tensor, no tensor inputs at all.
     @parametrize("backend", BACKENDS)
     def test_fake_inputs_called_outside_mode(self, backend):
         mode = FakeTensorMode()
@@ -231,191 +220,7 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
 
         self.check_like_eager(fn, lambda: (5,), backend)
 
-    # 4. Real and fake calls never share an artifact wrongly.
-    @parametrize("backend", BACKENDS)
-    def test_real_fake_real(self, backend):
-        cnt = CompileCounterWithBackend(backend)
-        fn = torch.compile(lambda x: x.sin() * 2 + 1, backend=cnt)
-        real = torch.randn(8, 4)
-        mode = FakeTensorMode()
-
-        self.assertEqual(fn(real), real.sin() * 2 + 1)
-        with mode:
-            fake = torch.randn(8, 4)
-            out = fn(fake)
-        self.assertOwnedLikeEager(out, fake.sin() * 2 + 1, mode)
-        self.assertEqual(fn(real), real.sin() * 2 + 1)
-        # One entry per kind; the backend saw both graphs.
-        self.assertEqual(frames_compiled(), 2)
-        self.assertEqual(cnt.frame_count, 2)
-        compiles = self.inductor_compiles
-        if backend == "inductor":
-            # The real values came from Inductor's code, compiled once.
-            self.assertEqual(compiles, 1)
-
-        for _ in range(2):
-            self.assertEqual(fn(real), real.sin() * 2 + 1)
-            with mode:
-                self.assertIs(fn(fake).fake_mode, mode)
-        self.assertEqual(frames_compiled(), 2)
-        self.assertEqual(cnt.frame_count, 2)
-        self.assertEqual(self.inductor_compiles, compiles)
-
-    def test_inductor_compiles_on_first_real_call_only(self):
-        fn = torch.compile(lambda x: x.cos() + x, backend="inductor")
-        with FakeTensorMode():
-            fn(torch.randn(3, 3))
-            fn(torch.randn(3, 3, device="cuda"))
-        # No code generated that could never run.
-        self.assertEqual(self.inductor_compiles, 0)
-        real = torch.randn(3, 3)
-        self.assertEqual(fn(real), real.cos() + real)
-        self.assertEqual(self.inductor_compiles, 1)
-
-    @parametrize("backend", BACKENDS)
-    def test_no_tensor_inputs_real_then_fake(self, backend):
-        fn = torch.compile(lambda: torch.ones(3) * 2, backend=backend)
-        real = fn()
-        self.assertNotIsInstance(real, FakeTensor)
-        self.assertEqual(real, torch.full((3,), 2.0))
-        mode = FakeTensorMode()
-        with mode:
-            out = fn()
-        self.assertIsInstance(out, FakeTensor)
-        self.assertIs(out.fake_mode, mode)
-        self.assertEqual(fn(), torch.full((3,), 2.0))
-        self.assertEqual(frames_compiled(), 2)
-
-    def test_counterfactual_no_tensor_inputs_real_artifact_reused(self):
-        # The bug this fixes: with the feature off, the real entry is reused
-        # under the fake mode and a real tensor comes back.
-        with torch._dynamo.config.patch(inherit_ambient_fake_mode=False):
-            fn = torch.compile(lambda: torch.ones(3) * 2, backend="inductor")
-            fn()
-            with FakeTensorMode():
-                out = fn()
-        self.assertNotIsInstance(out, FakeTensor)
-
-    def test_counterfactual_inductor_kernels_run_on_fakes(self):
-        # With the feature off, Inductor's kernels run on the FakeTensors.
-        with torch._dynamo.config.patch(inherit_ambient_fake_mode=False):
-            with FakeTensorMode():
-                x = torch.randn(4)
-                with self.assertRaisesRegex(RuntimeError, "data pointer"):
-                    torch.compile(lambda x: x * 2 + 1, backend="inductor")(x)
-
-    @parametrize("no_grad", [False, True])
-    def test_steady_state_is_one_cache_hit_per_call(self, no_grad):
-        fn = torch.compile(lambda x: x.sin().cos().exp().sum(0), backend="inductor")
-        mode = FakeTensorMode()
-        ctx = torch.no_grad() if no_grad else contextlib.nullcontext()
-        with mode, ctx:
-            # Autograd records nothing: without requires_grad, or under no_grad.
-            x = torch.randn(4, 3, requires_grad=no_grad)
-            for _ in range(2):
-                fn(x)
-            self.assertEqual(regions_compiled(), 1)
-            before = FakeTensorMode.cache_info()
-            out = fn(x)
-            after = FakeTensorMode.cache_info()
-        self.assertOwnedLikeEager(out, x.sin().cos().exp().sum(0).detach(), mode)
-        # The whole forward is one dispatch-cache hit, not one per op.
-        self.assertEqual(after.hits - before.hits, 1)
-        self.assertEqual(after.misses - before.misses, 0)
-
-    @parametrize("backend", BACKENDS)
-    def test_calls_autograd_records_stay_op_by_op(self, backend):
-        # A region would be differentiable once, and its saved tensors would
-        # not be eager's: past the regions' threshold, double backward and
-        # saved-tensor hooks still see eager's behaviour.
-        def fn(x, w):
-            return (x @ w).tanh().sum()
-
-        def run(f, x, w):
-            saved = []
-
-            def pack(t):
-                saved.append(meta_of(t)[1:5])
-                return t
-
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                loss = f(x, w)
-            (gx,) = torch.autograd.grad(loss, x, create_graph=True)
-            gx.sum().backward()
-            return saved, meta_of(gx), meta_of(w.grad)
-
-        mode = FakeTensorMode()
-        compiled = torch.compile(fn, backend=backend)
-        with torch._dynamo.config.patch(fake_mode_region_after_calls=16), mode:
-            x = torch.randn(4, 3, requires_grad=True)
-            w = torch.randn(3, 5, requires_grad=True)
-            ref = run(fn, x, w)
-            for _ in range(18):
-                w.grad = None
-                self.assertEqual(run(compiled, x, w), ref)
-        self.assertEqual(regions_compiled(), 0)
-
-    def test_outputs_aliasing_each_other_stay_views(self):
-        # The dispatch cache would replay such outputs as unrelated tensors.
-        def fn(x):
-            return (x * 2).split(2)
-
-        def views(out):
-            return [
-                (o.storage_offset(), o._is_view(), o.untyped_storage()._cdata)
-                for o in out
-            ]
-
-        compiled = torch.compile(fn, backend="inductor")
-        with torch._dynamo.config.patch(fake_mode_region_after_calls=16):
-            with FakeTensorMode(), torch.no_grad():
-                x = torch.randn(6, 4)
-                for _ in range(18):
-                    out, ref = compiled(x), fn(x)
-                    self.assertEqual(
-                        [v[:2] for v in views(out)], [v[:2] for v in views(ref)]
-                    )
-                    self.assertEqual(len({v[2] for v in views(out)}), 1)
-        self.assertEqual(regions_compiled(), 0)
-
-    def test_functorch_transforms_stay_op_by_op(self):
-        fn = torch.compile(lambda x: (x.sin() * 2).sum(), backend="inductor")
-        with torch._dynamo.config.patch(fake_mode_region_after_calls=1):
-            with FakeTensorMode() as mode:
-                x = torch.randn(3, 4)
-                for _ in range(3):
-                    out = torch.func.vmap(fn)(x)
-                    self.assertOwnedLikeEager(
-                        out, torch.func.vmap(lambda x: (x.sin() * 2).sum())(x), mode
-                    )
-                    grad = torch.func.grad(fn)(x)
-                    self.assertOwnedLikeEager(grad, (x.cos() * 2), mode)
-                    # A compiled call on an unbatched, closed-over input
-                    # inside vmap: its arguments are plain FakeTensors.
-                    out = torch.func.vmap(lambda y: fn(x[0]) * y)(x)
-                    self.assertOwnedLikeEager(
-                        out,
-                        torch.func.vmap(lambda y: (x[0].sin() * 2).sum() * y)(x),
-                        mode,
-                    )
-        self.assertEqual(counters["fake_mode"]["regions_failed"], 0)
-
-    def test_view_outputs_keep_eager_metadata(self):
-        # A replayed region's outputs are fresh tensors: an entry whose outputs
-        # are views of intermediates keeps running op by op.
-        def fn(x):
-            y = x + 1
-            return y[1:], y.t(), y[:, :2], y.expand(2, 4, 3), y.diagonal(), y[None]
-
-        compiled = torch.compile(fn, backend="inductor")
-        with torch._dynamo.config.patch(fake_mode_region_after_calls=0):
-            with FakeTensorMode() as mode, torch.no_grad():
-                x = torch.randn(4, 3)
-                for _ in range(3):
-                    self.assertOwnedLikeEager(compiled(x), fn(x), mode)
-        self.assertEqual(regions_compiled(), 0)
-
-    # 5. Models.
+    # Models.
     @parametrize("backend", BACKENDS)
     def test_module_built_under_mode(self, backend):
         mode = FakeTensorMode()
@@ -463,7 +268,7 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
             self.assertIsInstance(buf, FakeTensor)
             self.assertIs(buf.fake_mode, mode)
 
-    # 6. Graph breaks, fullgraph, dynamic shapes, views, mutation and friends.
+    # Graph breaks, fullgraph, dynamic shapes, views, mutation and friends.
     @parametrize("backend", BACKENDS)
     def test_graph_break(self, backend):
         def fn(x):
@@ -592,7 +397,7 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
         self.assertIs(out.fake_mode, mode)
         self.assertTrue(out.is_inference())
 
-    # 7. Data-dependent ops raise as eager does.
+    # Data-dependent ops raise as eager does.
     @parametrize("backend", BACKENDS)
     def test_item_raises_like_eager(self, backend):
         def fn(x):
@@ -605,7 +410,7 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
             with self.assertRaises(DataDependentOutputException):
                 torch.compile(fn, backend=backend)(x)
 
-    # 8. Two modes, one after the other; mixing them.
+    # Two modes, one after the other; mixing them.
     @parametrize("backend", BACKENDS)
     def test_two_modes_each_owns_its_outputs(self, backend):
         fn = torch.compile(lambda x: x.exp(), backend=backend)
@@ -631,7 +436,7 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
             self.assertIn(repr(m1), str(compiled.exception))
             self.assertIn(repr(m2), str(compiled.exception))
 
-    # 9. FlopCounterMode counts what eager counts, forward and backward.
+    # FlopCounterMode counts what eager counts, forward and backward.
     @parametrize("backend", BACKENDS)
     def test_flop_counter(self, backend):
         def fn(a, b):
@@ -653,7 +458,7 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
             eager_flops.get_flop_counts()["Global"],
         )
 
-    # 10. A user mode with a ShapeEnv and symbolic input sizes.
+    # A user mode with a ShapeEnv and symbolic input sizes.
     @parametrize("backend", BACKENDS)
     def test_user_shape_env_symbolic_inputs(self, backend):
         shape_env = ShapeEnv()
@@ -674,7 +479,7 @@ class CompileUnderFakeModeTests(torch._dynamo.test_case.TestCase):
         self.assertOwnedLikeEager(out, ref, mode)
         self.assertEqual(str(out.shape[0]), str(ref.shape[0]))
 
-    # 11. Without a fake mode nothing changes.
+    # Without a fake mode nothing changes.
     @parametrize("backend", BACKENDS)
     def test_real_path_unchanged(self, backend):
         cnt = CompileCounterWithBackend(backend)
@@ -716,16 +521,6 @@ class GraphModule(torch.nn.Module):
 """,
         )
 
-    def test_compile_backend_under_fake_mode_runs_backend_not_artifact(self):
-        cnt = CompileCounterWithBackend("inductor")
-        mode = FakeTensorMode()
-        with torch._dynamo.config.patch(compile_backend_under_fake_mode=True):
-            with mode:
-                out = torch.compile(lambda x: x * 2 + 1, backend=cnt)(torch.randn(4))
-        self.assertEqual(cnt.frame_count, 1)
-        self.assertEqual(self.inductor_compiles, 1)
-        self.assertIs(out.fake_mode, mode)
-
     def test_export_unchanged(self):
         class M(torch.nn.Module):
             def forward(self, x):
@@ -741,91 +536,7 @@ class GraphModule(torch.nn.Module):
             ["placeholder", "call_function", "call_function", "output"],
         )
 
-    # 12. Tiering: the first calls run op by op, a hot entry gets regions.
-    @parametrize("backend", BACKENDS)
-    def test_first_calls_op_by_op_then_regions(self, backend):
-        def fn(x):
-            return x.sin().cos().exp().sum(0)
-
-        after = 2
-        compiled = torch.compile(fn, backend=backend)
-        mode = FakeTensorMode()
-        with mode:
-            x = torch.randn(4, 3)
-        ops = []
-        dispatch = mode._cached_dispatch_impl
-
-        def recording_dispatch(func, *args, **kwargs):
-            ops[-1].append(func.name())
-            return dispatch(func, *args, **kwargs)
-
-        with torch._dynamo.config.patch(fake_mode_region_after_calls=after), mode:
-            with mock.patch.object(mode, "_cached_dispatch_impl", recording_dispatch):
-                for _ in range(after + 2):
-                    ops.append([])
-                    out = compiled(x)
-            self.assertOwnedLikeEager(out, fn(x), mode)
-        eager = ["aten::sin", "aten::cos", "aten::exp", "aten::sum.dim_IntList"]
-        # Op by op, as eager; then the regions are compiled, and the first
-        # run of the region runs its ops; from then on one op per call.
-        self.assertEqual(ops[:after], [eager] * after)
-        self.assertEqual(ops[after], ["fake_mode_region", *eager])
-        self.assertEqual(ops[after + 1], ["fake_mode_region"])
-        self.assertEqual(regions_compiled(), 1)
-        self.assertEqual(frames_compiled(), 1)
-
-    @parametrize("backend", BACKENDS)
-    def test_regions_are_opt_in(self, backend):
-        # The shipped default builds no region however often an entry is
-        # called: every call runs op by op, as the eager backend would.
-        self.assertIsNone(self.shipped_region_after_calls)
-
-        def fn(x):
-            return x.sin().cos().exp().sum(0)
-
-        compiled = torch.compile(fn, backend=backend)
-        mode = FakeTensorMode()
-        with mode:
-            x = torch.randn(4, 3)
-        with torch._dynamo.config.patch(fake_mode_region_after_calls=None), mode:
-            with torch.no_grad():
-                for _ in range(20):
-                    out = compiled(x)
-            self.assertOwnedLikeEager(out, fn(x), mode)
-        self.assertEqual(regions_compiled(), 0)
-        self.assertEqual(frames_compiled(), 1)
-
-    def test_regions_of_symbolic_graphs_are_not_compiled(self):
-        fn = torch.compile(lambda x: x * 2, backend="eager", dynamic=True)
-        with torch._dynamo.config.patch(fake_mode_region_after_calls=0):
-            for n in (3, 4, 5):
-                with FakeTensorMode():
-                    fn(torch.randn(n))
-        self.assertEqual(regions_compiled(), 0)
-
-    def test_region_failure_is_logged_and_calls_still_work(self):
-        def failing_aot_autograd(**kwargs):
-            raise RuntimeError("boom")
-
-        mode = FakeTensorMode()
-        fn = torch.compile(lambda x: x.sin() + 1, backend="eager")
-        with (
-            torch._dynamo.config.patch(fake_mode_region_after_calls=0),
-            mock.patch(
-                "torch._dynamo.backends.common.aot_autograd", failing_aot_autograd
-            ),
-        ):
-            with self.assertLogs("torch._dynamo.output_graph", "WARNING") as logs:
-                with mode:
-                    x = torch.randn(3)
-                    for _ in range(3):
-                        self.assertOwnedLikeEager(fn(x), x.sin() + 1, mode)
-        self.assertIn("boom", "\n".join(logs.output))
-        self.assertEqual(len(logs.records), 1)
-        self.assertEqual(counters["fake_mode"]["regions_failed"], 1)
-        counters["fake_mode"]["regions_failed"] = 0
-
-    # 13. Tracers own their FakeTensorModes: nothing changes for them.
+    # Tracers own their FakeTensorModes: nothing changes for them.
     def _export_both_ways(self, make_module, args):
         graphs = []
         for inherit in (True, False):
@@ -891,7 +602,7 @@ class GraphModule(torch.nn.Module):
         self.assertEqual(graphs[0], graphs[1])
         self.assertIn("aten.sin", graphs[0])
 
-    # 14. Complex tensors, conjugate views, and a real model's forward+backward.
+    # Complex tensors, conjugate views, and a real model's forward+backward.
     @parametrize("backend", BACKENDS)
     def test_complex_rotary_forward_backward(self, backend):
         mode = FakeTensorMode()
@@ -972,52 +683,7 @@ class GraphModule(torch.nn.Module):
                 torch.compile(enc, backend=backend)(x)
         self.assertEqual(str(compiled.exception), str(eager.exception))
 
-    # 15. Guards.
-    @unittest.skipUnless(
-        HAS_PRECOMPILE_PACKAGE, "torch._dynamo.precompile_package was added in 2.15"
-    )
-    def test_fake_tensor_mode_guard_is_classified_for_precompile(self):
-        from torch._dynamo import precompile_package
-
-        classified = [
-            name
-            for name in dir(precompile_package)
-            if name.endswith("_GUARD_TYPES")
-            and "FAKE_TENSOR_MODE" in getattr(precompile_package, name)
-        ]
-        self.assertEqual(classified, ["_UNMODELLED_GUARD_TYPES"])
-
-    @parametrize("backend", BACKENDS)
-    def test_skip_all_guards_unsafe_never_serves_fake_calls_real_code(self, backend):
-        def skip_all_guards_unsafe(guard_entries):
-            # torch.compiler.skip_all_guards_unsafe, which older releases lack
-            return [False] * len(guard_entries)
-
-        def f(x):
-            return x * 2 + 1
-
-        fn = torch.compile(
-            f, backend=backend, options={"guard_filter_fn": skip_all_guards_unsafe}
-        )
-        real = torch.randn(4)
-        self.assertEqual(fn(real), real * 2 + 1)
-        mode = FakeTensorMode()
-        with mode:
-            fake = torch.randn(4)
-            self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
-        # And the real entry still serves real calls. It is the only entry, and
-        # holds no guard on the inputs or the fake mode: the filter dropped them.
-        # (Releases before 2.10 keep two global-state guards regardless.)
-        self.assertEqual(fn(real), real * 2 + 1)
-        self.assertEqual(frames_compiled(), 1)
-        (entry,) = torch._dynamo.eval_frame._debug_get_cache_entry_list(f)
-        root = entry.guard_manager.root
-        self.assertEqual(len(root.get_accessors()), 0)
-        self.assertNotIn(
-            "LAMBDA_GUARD", [type(guard).__name__ for guard in root.get_leaf_guards()]
-        )
-
-    # 16. Dispatch modes that see eager's ops, and that compile (DebugMode,
+    # Dispatch modes that see eager's ops, and that compile (DebugMode,
     # selective activation checkpointing's caching modes).
     @parametrize("backend", BACKENDS)
     def test_modes_that_compile_see_the_graphs_ops(self, backend):
@@ -1080,7 +746,7 @@ class GraphModule(torch.nn.Module):
         for _ in range(3):
             self.assertEqual(ops_seen_by_policy(compiled, mode), eager)
 
-    # 17. Backends that rewrite the graph they are given in place.
+    # Backends that rewrite the graph they are given in place.
     def test_backend_rewriting_its_graph_in_place_does_not_change_fake_calls(self):
         def rewriting_backend(gm, example_inputs):
             for node in gm.graph.find_nodes(op="call_function", target=torch.sin):
@@ -1092,26 +758,7 @@ class GraphModule(torch.nn.Module):
             lambda x: torch.sin(x) + 1, lambda: (torch.randn(4, 3),), rewriting_backend
         )
 
-    # 18. Memory: regions go with the compiled function.
-    def test_region_cache_entries_go_with_the_compiled_function(self):
-        # Only this test's keys: before torch 2.14, reset() keeps the dispatch
-        # cache, and an earlier test's regions may still be alive.
-        before = set(region_cache_keys())
-        with torch._dynamo.config.patch(fake_mode_region_after_calls=0):
-            fn = torch.compile(lambda x: x.sin().cos(), backend="inductor")
-            with FakeTensorMode():
-                x = torch.randn(5, 2)
-                fn(x)
-                fn(x)
-        self.assertEqual(regions_compiled(), 1)
-        self.assertGreater(len(set(region_cache_keys()) - before), 0)
-        del fn
-        # Not reset(): since torch 2.14 it also clears the whole dispatch cache.
-        torch._dynamo.reset_code_caches()
-        gc.collect()
-        self.assertEqual(set(region_cache_keys()) - before, set())
-
-    # 19. The captured mode belongs to the thread that compiles.
+    # The captured mode belongs to the thread that compiles.
     @unittest.skipUnless(
         HAS_AOT_COMPILE, "aot_compile is enabled by default since torch 2.12"
     )
@@ -1150,151 +797,8 @@ class GraphModule(torch.nn.Module):
             thread.join()
         self.assertEqual(self.inductor_compiles, 1)
 
-    # 20. State that a compiled call creates while it is traced (an
-    # optimizer's) is owned by the user's mode, as in eager.
-    @parametrize("backend", BACKENDS)
-    def test_optimizer_state_created_by_compiled_step(self, backend):
-        mode = FakeTensorMode()
-        with mode:
-            model = torch.nn.Linear(4, 4)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-            model(torch.randn(2, 4)).sum().backward()
-            torch.compile(opt.step, backend=backend)()
-            for state in opt.state.values():
-                self.assertEqual(set(state), {"step", "exp_avg", "exp_avg_sq"})
-                for value in state.values():
-                    self.assertIsInstance(value, FakeTensor)
-                    self.assertIs(value.fake_mode, mode)
-            # The next steps use that state, eagerly and compiled.
-            model(torch.randn(2, 4)).sum().backward()
-            opt.step()
-            torch.compile(opt.step, backend=backend)()
-
-    # 21. Dispatch modes that change what ops return keep the frame skipped.
-    def test_frames_under_a_mode_that_changes_results_stay_skipped(self):
-        class HalfMatmulMode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                if func is torch.ops.aten.mm.default:
-                    out = out.to(torch.float16)
-                return out
-
-        def fn(a, b):
-            y = a @ b
-            # Tracing without the mode would take the other branch.
-            return y * 2 if y.dtype == torch.float16 else y + 1
-
-        cnt = CompileCounterWithBackend("eager")
-        with FakeTensorMode():
-            a, b = torch.randn(4, 4), torch.randn(4, 4)
-            with HalfMatmulMode():
-                ref = fn(a, b)
-                out = torch.compile(fn, backend=cnt)(a, b)
-        self.assertEqual(cnt.frame_count, 0)
-        self.assertEqual(meta_of(out), meta_of(ref))
-
-    @unittest.skipUnless(
-        HAS_IS_IN_OPTIMIZED_MODULE,
-        "trackers' module hooks skip compiled modules since torch 2.10",
-    )
-    @parametrize("observer", ["FlopCounterMode", "MemTracker", "CommDebugMode"])
-    def test_frames_compile_under_observer_modes(self, observer):
-        # Observers PyTorch ships, entered as users enter them.
-        if observer == "FlopCounterMode":
-            make_mode = functools.partial(FlopCounterMode, display=False)
-        elif observer == "MemTracker":
-            from torch.distributed._tools.mem_tracker import MemTracker as make_mode
-        else:
-            from torch.distributed.tensor.debug import CommDebugMode as make_mode
-
-        cnt = CompileCounterWithBackend("eager")
-        mode = FakeTensorMode()
-        with mode:
-            x = torch.randn(4, 4)
-            with make_mode():
-                out = torch.compile(
-                    lambda x: (x @ x).relu(), backend=cnt, fullgraph=True
-                )(x)
-        self.assertEqual(cnt.frame_count, 1)
-        self.assertOwnedLikeEager(out, torch.empty_like(out), mode)
-
-    # 22. Under a guard filter, real and fake entries stay apart by input type.
-    @parametrize("first", ["real", "fake"])
-    def test_guard_filter_one_entry_serves_real_and_fake_calls(self, first):
-        def skip_all_guards_unsafe(guard_entries):
-            return [False] * len(guard_entries)
-
-        fn = torch.compile(
-            lambda x: x * 2 + 1,
-            backend="inductor",
-            options={"guard_filter_fn": skip_all_guards_unsafe},
-        )
-        mode = FakeTensorMode()
-        with mode:
-            fake = torch.randn(4)
-        real = torch.randn(4)
-        # Fake inputs called outside the mode: only their type tells them
-        # apart, and the one entry, without guards, serves both kinds of call.
-        for kind in [first, "fake" if first == "real" else "real"] * 2:
-            if kind == "real":
-                self.assertEqual(fn(real), real * 2 + 1)
-            else:
-                self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
-        self.assertEqual(frames_compiled(), 1)
-        # Inductor's code serves the real calls if the entry was compiled for
-        # them; an entry compiled for fake serves them op by op.
-        self.assertEqual(self.inductor_compiles, 1 if first == "real" else 0)
-
-    @parametrize("backend", BACKENDS)
-    def test_real_entries_guards_unchanged(self, backend):
-        def guards_of(fn, *args):
-            guards = []
-            torch._dynamo.reset()
-            torch._dynamo.optimize(backend, guard_export_fn=lambda g: guards.extend(g))(
-                fn
-            )(*args)
-            return sorted(
-                (str(g.originating_source.name), g.inner_create_fn().__name__)
-                for g in guards
-            )
-
-        def fn(x, y):
-            return (x @ y).relu() + 1
-
-        args = (torch.randn(4, 4), torch.randn(4, 4))
-        on = guards_of(fn, *args)
-        with torch._dynamo.config.patch(inherit_ambient_fake_mode=False):
-            off = guards_of(fn, *args)
-        self.assertEqual(on, off)
-        self.assertNotIn("FAKE_TENSOR_MODE", {name for _, name in on})
-
-    def test_aot_autograd_does_no_work_for_fake_calls(self):
-        # Its artifact would never run: like Inductor, it returns at once.
-        fn = lambda x: x.sin() * 2  # noqa: E731
-        self._stack.enter_context(
-            torch._dynamo.config.patch(fake_mode_region_after_calls=16)
-        )
-        with FakeTensorMode():
-            torch.compile(fn, backend="aot_eager")(torch.randn(3))
-        self.assertEqual(counters["aot_autograd"]["total"], 0)
-        torch._dynamo.reset()
-        with torch._dynamo.config.patch(compile_backend_under_fake_mode=True):
-            with FakeTensorMode():
-                torch.compile(fn, backend="aot_eager")(torch.randn(3))
-        self.assertEqual(counters["aot_autograd"]["total"], 1)
-
 
 instantiate_parametrized_tests(CompileUnderFakeModeTests)
-
-
-class CompileUnderFakeModeRegionTests(CompileUnderFakeModeTests):
-    """The same contract when the first call already runs the regions."""
-
-    def setUp(self):
-        super().setUp()
-        self._stack.enter_context(
-            torch._dynamo.config.patch(fake_mode_region_after_calls=0)
-        )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ torch.compile(fullgraph=True), and two train steps under FSDPMemTracker. The
 estimate with compile on must equal the one with compile off. The torchtitan
 tests run torchtitan's own Llama3 and FSDP2 helper where torchtitan is
 installed (pip install torchtitan), and skip otherwise.
-See Note [Inheriting the ambient FakeTensorMode] in torch/_dynamo/output_graph.py
+See Note [Inheriting the ambient FakeTensorMode] in
+torch/_dynamo/ambient_fake_mode/__init__.py
 """
 
 import importlib.util

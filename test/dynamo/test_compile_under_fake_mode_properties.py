@@ -10,7 +10,8 @@ in-place, factories) on random shapes and dtypes:
 
 Profiles (HYPOTHESIS_PROFILE): "ci" (default, small and deterministic) and
 "long" (on demand: HYPOTHESIS_PROFILE=long).
-See Note [Inheriting the ambient FakeTensorMode] in torch/_dynamo/output_graph.py
+See Note [Inheriting the ambient FakeTensorMode] in
+torch/_dynamo/ambient_fake_mode/__init__.py
 """
 
 import os

@@ -1,0 +1,94 @@
+# Owner(s): ["module: dynamo"]
+"""
+Backends called for a frame compiled under a user-created FakeTensorMode: Inductor
+and aot_autograd do no work for fake calls (their artifacts would never run; the
+graph runs op by op under the mode), Inductor compiles on the first real call,
+and compile_backend_under_fake_mode runs the backend without running its artifact.
+See Note [Inheriting the ambient FakeTensorMode] in
+torch/_dynamo/ambient_fake_mode/__init__.py
+"""
+
+import torch
+import torch._dynamo.test_case
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._dynamo.utils import counters
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+)
+
+
+try:
+    from .test_compile_under_fake_mode import (
+        BACKENDS,
+        CompileUnderFakeModeTestCase,
+    )
+except ImportError:
+    from test_compile_under_fake_mode import (
+        BACKENDS,
+        CompileUnderFakeModeTestCase,
+    )
+
+
+class CompileUnderFakeModeBackendTests(CompileUnderFakeModeTestCase):
+    # Fake cuda inputs work on a machine without a GPU.
+    @parametrize("backend", BACKENDS)
+    def test_fake_cuda_input(self, backend):
+        out = self.check_like_eager(
+            lambda x: x * 2 + 1, lambda: (torch.randn(4, 3, device="cuda"),), backend
+        )
+        self.assertEqual(out.device.type, "cuda")
+
+    def test_inductor_compiles_on_first_real_call_only(self):
+        fn = torch.compile(lambda x: x.cos() + x, backend="inductor")
+        with FakeTensorMode():
+            fn(torch.randn(3, 3))
+            fn(torch.randn(3, 3, device="cuda"))
+        # No code generated that could never run.
+        self.assertEqual(self.inductor_compiles, 0)
+        real = torch.randn(3, 3)
+        self.assertEqual(fn(real), real.cos() + real)
+        self.assertEqual(self.inductor_compiles, 1)
+
+    def test_counterfactual_inductor_kernels_run_on_fakes(self):
+        # With the feature off, Inductor's kernels run on the FakeTensors.
+        with torch._dynamo.config.patch(inherit_ambient_fake_mode=False):
+            with FakeTensorMode():
+                x = torch.randn(4)
+                with self.assertRaisesRegex(RuntimeError, "data pointer"):
+                    torch.compile(lambda x: x * 2 + 1, backend="inductor")(x)
+
+    def test_compile_backend_under_fake_mode_runs_backend_not_artifact(self):
+        cnt = CompileCounterWithBackend("inductor")
+        mode = FakeTensorMode()
+        with torch._dynamo.config.patch(compile_backend_under_fake_mode=True):
+            with mode:
+                out = torch.compile(lambda x: x * 2 + 1, backend=cnt)(torch.randn(4))
+        self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual(self.inductor_compiles, 1)
+        self.assertIs(out.fake_mode, mode)
+
+    def test_aot_autograd_does_no_work_for_fake_calls(self):
+        # Its artifact would never run: like Inductor, it returns at once.
+        fn = lambda x: x.sin() * 2  # noqa: E731
+        self._stack.enter_context(
+            torch._dynamo.config.patch(fake_mode_region_after_calls=16)
+        )
+        with FakeTensorMode():
+            torch.compile(fn, backend="aot_eager")(torch.randn(3))
+        self.assertEqual(counters["aot_autograd"]["total"], 0)
+        torch._dynamo.reset()
+        with torch._dynamo.config.patch(compile_backend_under_fake_mode=True):
+            with FakeTensorMode():
+                torch.compile(fn, backend="aot_eager")(torch.randn(3))
+        self.assertEqual(counters["aot_autograd"]["total"], 1)
+
+
+instantiate_parametrized_tests(CompileUnderFakeModeBackendTests)
+
+
+if __name__ == "__main__":
+    from torch._dynamo.test_case import run_tests
+
+    run_tests()

@@ -1,0 +1,196 @@
+# Owner(s): ["module: dynamo"]
+"""
+Guards of functions compiled under a user-created FakeTensorMode: real and fake
+calls never share a cache entry (an entry without tensor inputs holds a
+FAKE_TENSOR_MODE guard), guard filters never serve fake calls real code, and the
+guards of entries compiled for real calls are unchanged.
+See Note [Inheriting the ambient FakeTensorMode] in
+torch/_dynamo/ambient_fake_mode/__init__.py
+"""
+
+import unittest
+
+import torch
+import torch._dynamo.test_case
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+)
+
+
+try:
+    from .test_compile_under_fake_mode import (
+        BACKENDS,
+        CompileUnderFakeModeTestCase,
+        frames_compiled,
+        HAS_PRECOMPILE_PACKAGE,
+    )
+except ImportError:
+    from test_compile_under_fake_mode import (
+        BACKENDS,
+        CompileUnderFakeModeTestCase,
+        frames_compiled,
+        HAS_PRECOMPILE_PACKAGE,
+    )
+
+
+class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
+    # Real and fake calls never share an artifact wrongly.
+    @parametrize("backend", BACKENDS)
+    def test_real_fake_real(self, backend):
+        cnt = CompileCounterWithBackend(backend)
+        fn = torch.compile(lambda x: x.sin() * 2 + 1, backend=cnt)
+        real = torch.randn(8, 4)
+        mode = FakeTensorMode()
+
+        self.assertEqual(fn(real), real.sin() * 2 + 1)
+        with mode:
+            fake = torch.randn(8, 4)
+            out = fn(fake)
+        self.assertOwnedLikeEager(out, fake.sin() * 2 + 1, mode)
+        self.assertEqual(fn(real), real.sin() * 2 + 1)
+        # One entry per kind; the backend saw both graphs.
+        self.assertEqual(frames_compiled(), 2)
+        self.assertEqual(cnt.frame_count, 2)
+        compiles = self.inductor_compiles
+        if backend == "inductor":
+            # The real values came from Inductor's code, compiled once.
+            self.assertEqual(compiles, 1)
+
+        for _ in range(2):
+            self.assertEqual(fn(real), real.sin() * 2 + 1)
+            with mode:
+                self.assertIs(fn(fake).fake_mode, mode)
+        self.assertEqual(frames_compiled(), 2)
+        self.assertEqual(cnt.frame_count, 2)
+        self.assertEqual(self.inductor_compiles, compiles)
+
+    @parametrize("backend", BACKENDS)
+    def test_no_tensor_inputs_real_then_fake(self, backend):
+        fn = torch.compile(lambda: torch.ones(3) * 2, backend=backend)
+        real = fn()
+        self.assertNotIsInstance(real, FakeTensor)
+        self.assertEqual(real, torch.full((3,), 2.0))
+        mode = FakeTensorMode()
+        with mode:
+            out = fn()
+        self.assertIsInstance(out, FakeTensor)
+        self.assertIs(out.fake_mode, mode)
+        self.assertEqual(fn(), torch.full((3,), 2.0))
+        self.assertEqual(frames_compiled(), 2)
+
+    def test_counterfactual_no_tensor_inputs_real_artifact_reused(self):
+        # The bug this fixes: with the feature off, the real entry is reused
+        # under the fake mode and a real tensor comes back.
+        with torch._dynamo.config.patch(inherit_ambient_fake_mode=False):
+            fn = torch.compile(lambda: torch.ones(3) * 2, backend="inductor")
+            fn()
+            with FakeTensorMode():
+                out = fn()
+        self.assertNotIsInstance(out, FakeTensor)
+
+    # Guards.
+    @unittest.skipUnless(
+        HAS_PRECOMPILE_PACKAGE, "torch._dynamo.precompile_package was added in 2.15"
+    )
+    def test_fake_tensor_mode_guard_is_classified_for_precompile(self):
+        from torch._dynamo import precompile_package
+
+        classified = [
+            name
+            for name in dir(precompile_package)
+            if name.endswith("_GUARD_TYPES")
+            and "FAKE_TENSOR_MODE" in getattr(precompile_package, name)
+        ]
+        self.assertEqual(classified, ["_UNMODELLED_GUARD_TYPES"])
+
+    @parametrize("backend", BACKENDS)
+    def test_skip_all_guards_unsafe_never_serves_fake_calls_real_code(self, backend):
+        def skip_all_guards_unsafe(guard_entries):
+            # torch.compiler.skip_all_guards_unsafe, which older releases lack
+            return [False] * len(guard_entries)
+
+        def f(x):
+            return x * 2 + 1
+
+        fn = torch.compile(
+            f, backend=backend, options={"guard_filter_fn": skip_all_guards_unsafe}
+        )
+        real = torch.randn(4)
+        self.assertEqual(fn(real), real * 2 + 1)
+        mode = FakeTensorMode()
+        with mode:
+            fake = torch.randn(4)
+            self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
+        # And the real entry still serves real calls. It is the only entry, and
+        # holds no guard on the inputs or the fake mode: the filter dropped them.
+        # (Releases before 2.10 keep two global-state guards regardless.)
+        self.assertEqual(fn(real), real * 2 + 1)
+        self.assertEqual(frames_compiled(), 1)
+        (entry,) = torch._dynamo.eval_frame._debug_get_cache_entry_list(f)
+        root = entry.guard_manager.root
+        self.assertEqual(len(root.get_accessors()), 0)
+        self.assertNotIn(
+            "LAMBDA_GUARD", [type(guard).__name__ for guard in root.get_leaf_guards()]
+        )
+
+    # Under a guard filter, real and fake entries stay apart by input type.
+    @parametrize("first", ["real", "fake"])
+    def test_guard_filter_one_entry_serves_real_and_fake_calls(self, first):
+        def skip_all_guards_unsafe(guard_entries):
+            return [False] * len(guard_entries)
+
+        fn = torch.compile(
+            lambda x: x * 2 + 1,
+            backend="inductor",
+            options={"guard_filter_fn": skip_all_guards_unsafe},
+        )
+        mode = FakeTensorMode()
+        with mode:
+            fake = torch.randn(4)
+        real = torch.randn(4)
+        # Fake inputs called outside the mode: only their type tells them
+        # apart, and the one entry, without guards, serves both kinds of call.
+        for kind in [first, "fake" if first == "real" else "real"] * 2:
+            if kind == "real":
+                self.assertEqual(fn(real), real * 2 + 1)
+            else:
+                self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
+        self.assertEqual(frames_compiled(), 1)
+        # Inductor's code serves the real calls if the entry was compiled for
+        # them; an entry compiled for fake serves them op by op.
+        self.assertEqual(self.inductor_compiles, 1 if first == "real" else 0)
+
+    @parametrize("backend", BACKENDS)
+    def test_real_entries_guards_unchanged(self, backend):
+        def guards_of(fn, *args):
+            guards = []
+            torch._dynamo.reset()
+            torch._dynamo.optimize(backend, guard_export_fn=lambda g: guards.extend(g))(
+                fn
+            )(*args)
+            return sorted(
+                (str(g.originating_source.name), g.inner_create_fn().__name__)
+                for g in guards
+            )
+
+        def fn(x, y):
+            return (x @ y).relu() + 1
+
+        args = (torch.randn(4, 4), torch.randn(4, 4))
+        on = guards_of(fn, *args)
+        with torch._dynamo.config.patch(inherit_ambient_fake_mode=False):
+            off = guards_of(fn, *args)
+        self.assertEqual(on, off)
+        self.assertNotIn("FAKE_TENSOR_MODE", {name for _, name in on})
+
+
+instantiate_parametrized_tests(CompileUnderFakeModeGuardTests)
+
+
+if __name__ == "__main__":
+    from torch._dynamo.test_case import run_tests
+
+    run_tests()
