@@ -123,7 +123,7 @@ def load_stack(fix: Path = FIX) -> Stack:
     except (OSError, KeyError, TypeError, tomllib.TOMLDecodeError) as e:
         raise OverlayError(f"cannot read the fix's stack {path} ({type(e).__name__}: {e})",
                            cause="the file is missing or not in the format fix/README.md describes",
-                           next=f"git checkout -- {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}") from None
+                           next=f"see what changed in it (git diff -- {path}) and fix it") from None
     return Stack(fix=fix, releases=releases, newest=releases[-1], patches=patches)
 
 
