@@ -277,8 +277,8 @@ def _readme(stack: Stack, gen: Generated) -> str:
              for name in gen.names for h in gen.overrides[name]]
     diffs += [f"- no `{pid}` patch: this release is outside its range in `fix/stack.toml`"
               for pid in gen.skipped]
-    diffs += [f"- `torch/_dynamo/ambient_fake_mode/_compat.py` from "
-              f"`fix/compat/{_compat_source(stack.fix, gen.version).name}`"]
+    diffs += [f"- `{p.compat}` from `fix/compat/{_compat_source(stack.fix, gen.version).name}`"
+              for p in stack.patches if p.compat and p.applies_to(gen.version)]
     lines += diffs if gen.version != stack.newest else ["- (this is the newest series)"]
     return "\n".join(lines) + "\n"
 
@@ -288,11 +288,15 @@ def _same(a: str | None, b: str) -> bool:
 
 
 def generate(*, versions: list[str] | None = None, cache_dir: Path, patches_dir=None,
-             check: bool = False, fix: Path = FIX, out=print) -> list[str]:
+             check: bool = False, fix: Path = FIX, tests_root: Path = ROOT,
+             pristine_for=None, out=print) -> list[str]:
     """Regenerate the series of ``versions`` (default: every release of the
     stack). With ``check``, change nothing and return the releases whose
-    series in ``patches/`` differ from what the source generates."""
+    series in ``patches/`` differ from what the source generates.
+    ``pristine_for(version)`` gives a release's pristine files (default: its
+    official wheel in ``cache_dir``)."""
     stack = load_stack(fix)
+    pristine_for = pristine_for or (lambda v: _pristine_for(v, cache_dir))
     root = _root(patches_dir)
     stale = []
     for version in versions or stack.releases:
@@ -301,9 +305,10 @@ def generate(*, versions: list[str] | None = None, cache_dir: Path, patches_dir=
                                cause=f"its releases are {', '.join(stack.releases)}",
                                next="pass one of them, or add the release to fix/stack.toml")
         out(f"==> torch {version}")
-        pristine = _pristine_for(version, cache_dir)
+        pristine = pristine_for(version)
         with tempfile.TemporaryDirectory(prefix="tfo-generate-") as tmp:
-            gen = build_series(stack=stack, version=version, pristine=pristine, work=Path(tmp))
+            gen = build_series(stack=stack, version=version, pristine=pristine,
+                               tests_root=tests_root, work=Path(tmp))
             gen.readme = _readme(stack, gen)
             target = root / f"v{version}"
             old_names = [n for n in (target / SERIES).read_text().split() if n.endswith(".patch")] \
