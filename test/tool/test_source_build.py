@@ -69,6 +69,10 @@ def flat(text: str) -> str:
     return " ".join(text.split())
 
 
+# The first file the series changes that pristine torch has (the series also adds new files).
+TOUCHED_PRISTINE_FILE = next(rel for rel, v in sorted(SERIES.manifest.items()) if v["pristine"])
+
+
 def configure(build: Path, *defs: str, env=None):
     return cmake("-S", str(REPO), "-B", str(build), "-G", "Unix Makefiles",
                  f"-DPython3_EXECUTABLE={sys.executable}", *defs, env=env)
@@ -84,7 +88,7 @@ def test_configure_apply_and_dry_run(src, tmp_path):
     assert cp.returncode == 0, cp.stdout + cp.stderr
     out = cp.stdout
     assert state(src) == {"patched"}
-    assert "applied 0001-" in out and f"undo with: git -C {src} checkout -- {sorted(SERIES.manifest)[0]}" in out
+    assert "applied 0001-" in out and f"undo with: git -C {src} checkout -- {TOUCHED_PRISTINE_FILE}" in out
     assert f"  {sys.executable} -m pip wheel . --no-build-isolation --no-deps -v -w {b / 'dist'}" in out
     for line in ("PYTORCH_BUILD_VERSION=2.15.0+fakemode.1", "PYTORCH_BUILD_NUMBER=1", "USE_CUDA=0",
                  "MAX_JOBS=3", f"cwd: {src}"):
@@ -98,7 +102,7 @@ def test_configure_apply_and_dry_run(src, tmp_path):
 def test_configure_rejects_another_release(src, tmp_path):
     # A release no folder of patches/ is for (every supported one has a folder now).
     (src / "version.txt").write_text("2.7.1a0\n")
-    rel = sorted(SERIES.manifest)[0]
+    rel = TOUCHED_PRISTINE_FILE
     with open(src / rel, "a") as f:
         f.write("# as 2.7.1 has it\n")
     before = digest(src)
@@ -124,7 +128,7 @@ def test_configure_sibling_release_served_by_hashes(src, tmp_path):
 
 
 def test_configure_rejects_modified_file(src, tmp_path):
-    rel = sorted(SERIES.manifest)[0]
+    rel = TOUCHED_PRISTINE_FILE
     with open(src / rel, "a") as f:
         f.write("# someone else's edit\n")
     before = digest(src)
