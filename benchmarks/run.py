@@ -632,20 +632,31 @@ def count_workers(args) -> int:
     return n
 
 
+def repo_relative(text: str) -> str:
+    """A path in a report, as a reader of the repository can use it: relative to
+    the repository when inside it, else only its last part (a scratch folder)."""
+    def one(path: str) -> str:
+        if not os.path.isabs(path):
+            return path
+        rel = os.path.relpath(path, REPO)
+        return rel if not rel.startswith("..") else f"<outside the repository>/{os.path.basename(path)}"
+    return re.sub(r"(?<![\w.])/[^\s`'\",]+", lambda m: one(m.group(0)), text)
+
+
 def make_report(args, pythons: dict, info: dict, sections: list[str], durations: list) -> str:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = [
         "# Benchmark results",
         "",
         f"- Date: {now}",
-        f"- Command: `python benchmarks/run.py {shlex.join(args.argv)}`",
+        f"- Command: `python benchmarks/run.py {repo_relative(shlex.join(args.argv))}`",
         f"- Machine: {machine()}",
     ]
     for side in ("stock", "patched"):
         i = info[side]
         desc = (f"torch {i.get('torch')}, Python {i.get('python')}, patch present: {i.get('patch')}, "
                 f"newest torch .py file modified {i.get('newest')}" if "error" not in i else i["error"])
-        header.append(f"- {side}: `{pythons[side]}`: {desc}")
+        header.append(f"- {side}: `{repo_relative(pythons[side])}`: {desc}")
     after = info["patched"].get("newest_after", {})
     if any(v != info["patched"].get("newest") for v in after.values()):
         header.append("- The patched tree changed during the run; newest torch .py file after each scenario: "

@@ -158,3 +158,18 @@ def test_runner_tables_render():
     assert "1.00x, met (≤1.2x)" in text and "1.20 s (1.00 s + 200.0 ms)" in text
     est["tiny"]["inductor"] = [{"status": "skipped", "reason": "stock torch"}]
     assert "skipped: stock torch" in run.table_estimate(est, args)
+
+
+def test_report_names_paths_relative_to_the_repository():
+    spec = importlib.util.spec_from_file_location("bench_run", RUNNER)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    line = (f"--stock-python {REPO}/.venv-stock/bin/python --patched-python {REPO}/.venv/bin/python "
+            "--log-dir /tmp/bench-logs --json /tmp/x/bench.json")
+    assert run.repo_relative(line) == (
+        "--stock-python .venv-stock/bin/python --patched-python .venv/bin/python "
+        "--log-dir <outside the repository>/bench-logs --json <outside the repository>/bench.json")
+    # the committed report: no absolute path in its header
+    with open(os.path.join(REPO, "benchmarks", "RESULTS.md")) as f:
+        header = f.read().split("Times are medians", 1)[0]
+    assert REPO not in header and "/work/" not in header and "/tmp/" not in header
