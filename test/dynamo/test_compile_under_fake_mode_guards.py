@@ -10,6 +10,8 @@ torch/_dynamo/ambient_fake_mode/__init__.py
 
 import unittest
 
+import numpy as np
+
 import torch
 import torch._dynamo.test_case
 from torch._dynamo.testing import CompileCounterWithBackend
@@ -185,6 +187,23 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
             off = guards_of(fn, *args)
         self.assertEqual(on, off)
         self.assertNotIn("FAKE_TENSOR_MODE", {name for _, name in on})
+
+    # A frame whose tensor is made from a NumPy array by Dynamo's guards
+    # (___from_numpy): its same-frame guard check runs outside the user's mode,
+    # as every guard's does, and FAKE_TENSOR_MODE sees the mode the frame was
+    # called under.
+    @parametrize("backend", BACKENDS)
+    def test_numpy_function_under_fake_mode(self, backend):
+        fn = torch.compile(lambda a: a * 2 + 1, backend=backend)
+        mode = FakeTensorMode()
+        for _ in range(2):
+            with mode:
+                out = fn(np.ones(3))
+            self.assertIsInstance(out, FakeTensor)
+            self.assertIs(out.fake_mode, mode)
+            self.assertEqual((out.shape, out.dtype), (torch.Size([3]), torch.float64))
+        # The real call that follows gets its own entry and NumPy's answer.
+        self.assertEqual(fn(np.ones(3)).tolist(), [3.0, 3.0, 3.0])
 
 
 instantiate_parametrized_tests(CompileUnderFakeModeGuardTests)

@@ -10,11 +10,24 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from . import has_fake_tensor_input, make_runtime
+from . import has_fake_tensor_input, make_runtime, state
 
 
 if TYPE_CHECKING:
     from ..output_graph import OutputGraph
+
+
+def fake_mode_active() -> bool:
+    """
+    What FAKE_TENSOR_MODE checks: whether a FakeTensorMode is active. While
+    Dynamo compiles a frame, the ambient modes are disabled (and the frame's
+    same-frame guard check runs that way, as every other guard needs): then it
+    is the mode the frame was called under.
+    """
+    return (
+        torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+        or state.mode is not None
+    )
 
 
 def needs_fake_tensor_mode_guard(output_graph: "OutputGraph") -> bool:
