@@ -1,6 +1,6 @@
 """
 What the fake-call support needs from this release of PyTorch, in its own
-words. See Note [Inheriting the ambient FakeTensorMode] in __init__.py.
+words. See Note [Inheriting the ambient FakeTensorMode] in ambient_fake_mode.py.
 """
 
 import torch

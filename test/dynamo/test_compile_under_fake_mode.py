@@ -7,7 +7,7 @@ test_compile_under_fake_mode_{guards,backends,observers,optimizer,regions}.py,
 which import what they share from this file: the helpers, the feature flags and
 CompileUnderFakeModeTestCase.
 See Note [Inheriting the ambient FakeTensorMode] in
-torch/_dynamo/ambient_fake_mode/__init__.py
+torch/_dynamo/ambient_fake_mode.py
 """
 
 import contextlib

@@ -5,7 +5,7 @@ and aot_autograd do no work for fake calls (their artifacts would never run; the
 graph runs op by op under the mode), Inductor compiles on the first real call,
 and compile_backend_under_fake_mode runs the backend without running its artifact.
 See Note [Inheriting the ambient FakeTensorMode] in
-torch/_dynamo/ambient_fake_mode/__init__.py
+torch/_dynamo/ambient_fake_mode.py
 """
 
 import torch

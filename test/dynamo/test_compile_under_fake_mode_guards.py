@@ -5,7 +5,7 @@ calls never share a cache entry (an entry without tensor inputs holds a
 FAKE_TENSOR_MODE guard), guard filters never serve fake calls real code, and the
 guards of entries compiled for real calls are unchanged.
 See Note [Inheriting the ambient FakeTensorMode] in
-torch/_dynamo/ambient_fake_mode/__init__.py
+torch/_dynamo/ambient_fake_mode.py
 """
 
 import unittest
@@ -204,6 +204,32 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
             self.assertEqual((out.shape, out.dtype), (torch.Size([3]), torch.float64))
         # The real call that follows gets its own entry and NumPy's answer.
         self.assertEqual(fn(np.ones(3)).tolist(), [3.0, 3.0, 3.0])
+
+    # A dry run under a FakeTensorMode never changes what later real calls do:
+    # fake and real entries of a frame count toward their own recompile limits.
+    @parametrize("backend", BACKENDS)
+    def test_fake_entries_do_not_use_up_the_recompile_limit(self, backend):
+        cnt = CompileCounterWithBackend(backend)
+        fn = torch.compile(lambda x: x * 2 + 1, backend=cnt)
+        with torch._dynamo.config.patch(recompile_limit=1):
+            with FakeTensorMode() as mode:
+                fake = torch.randn(3)
+                self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
+            real = torch.randn(3)
+            self.assertEqual(fn(real), real * 2 + 1)
+            # The real call compiled (no silent eager run), and its entry
+            # serves the next real call.
+            self.assertEqual(cnt.frame_count, 2)
+            self.assertEqual(fn(real), real * 2 + 1)
+            self.assertEqual(cnt.frame_count, 2)
+            # A second fake shape is a recompilation of the fake entry, and
+            # the limit applies to it as to real ones: it runs eagerly.
+            with FakeTensorMode() as mode:
+                fake = torch.randn(5, 5)
+                self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
+            self.assertEqual(cnt.frame_count, 2)
+        if backend == "inductor":
+            self.assertEqual(self.inductor_compiles, 1)
 
 
 instantiate_parametrized_tests(CompileUnderFakeModeGuardTests)

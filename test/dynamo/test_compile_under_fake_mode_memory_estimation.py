@@ -8,7 +8,7 @@ estimate with compile on must equal the one with compile off. The torchtitan
 tests run torchtitan's own Llama3 and FSDP2 helper where torchtitan is
 installed (pip install torchtitan), and skip otherwise.
 See Note [Inheriting the ambient FakeTensorMode] in
-torch/_dynamo/ambient_fake_mode/__init__.py
+torch/_dynamo/ambient_fake_mode.py
 """
 
 import importlib.util

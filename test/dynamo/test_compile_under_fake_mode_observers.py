@@ -6,7 +6,7 @@ frames under a dispatch mode that changes what ops return stay skipped.
 test_compile_under_fake_mode_memory_estimation.py runs torchtitan's memory
 estimator through this path.
 See Note [Inheriting the ambient FakeTensorMode] in
-torch/_dynamo/ambient_fake_mode/__init__.py
+torch/_dynamo/ambient_fake_mode.py
 """
 
 import functools

@@ -3,7 +3,7 @@
 State that a compiled call creates while it is traced (an optimizer's, made by
 a compiled step) is owned by the user's FakeTensorMode, as in eager.
 See Note [Inheriting the ambient FakeTensorMode] in
-torch/_dynamo/ambient_fake_mode/__init__.py
+torch/_dynamo/ambient_fake_mode.py
 """
 
 import torch

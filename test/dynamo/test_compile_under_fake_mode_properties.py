@@ -11,7 +11,7 @@ in-place, factories) on random shapes and dtypes:
 Profiles (HYPOTHESIS_PROFILE): "ci" (default, small and deterministic) and
 "long" (on demand: HYPOTHESIS_PROFILE=long).
 See Note [Inheriting the ambient FakeTensorMode] in
-torch/_dynamo/ambient_fake_mode/__init__.py
+torch/_dynamo/ambient_fake_mode.py
 """
 
 import os

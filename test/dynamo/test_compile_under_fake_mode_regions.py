@@ -10,7 +10,7 @@ function. CompileUnderFakeModeRegionTests runs the tests of this file and of the
 earlier patches' files (test_compile_under_fake_mode{,_guards,_backends,
 _observers,_optimizer}.py) again with regions from the first call.
 See Note [Inheriting the ambient FakeTensorMode] in
-torch/_dynamo/ambient_fake_mode/__init__.py
+torch/_dynamo/ambient_fake_mode.py
 """
 
 import contextlib
@@ -258,7 +258,7 @@ class CompileUnderFakeModeRegionTieringTests(CompileUnderFakeModeTestCase):
             ),
         ):
             with self.assertLogs(
-                "torch._dynamo.ambient_fake_mode.regions", "WARNING"
+                "torch._dynamo.fake_mode_regions", "WARNING"
             ) as logs:
                 with mode:
                     x = torch.randn(3)

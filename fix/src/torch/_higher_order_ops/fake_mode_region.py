@@ -12,7 +12,7 @@ class FakeModeRegion(HigherOrderOperator):
     module, and evicted when it dies). Dynamo calls graphs compiled for a
     user's FakeTensorMode this way once they are hot; callers handle autograd.
     See Note [Inheriting the ambient FakeTensorMode] in
-    torch/_dynamo/ambient_fake_mode/__init__.py
+    torch/_dynamo/ambient_fake_mode.py
     """
 
     def __init__(self) -> None:

@@ -12,7 +12,7 @@ cache hit per call instead of a dispatch per op. Tracing it costs as much as
 graph that mutates an input or returns a view or an alias keeps running op by
 op. The cache entries are keyed on the region's graph module and go when the
 compiled entry does. See Note [Inheriting the ambient FakeTensorMode] in
-__init__.py.
+ambient_fake_mode.py.
 """
 
 import logging
@@ -27,9 +27,9 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import free_symbols
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from .. import config
-from ..utils import counters
-from . import FakeModeRuntime
+from . import config
+from .ambient_fake_mode import FakeModeRuntime
+from .utils import counters
 
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ class RegionFakeModeRuntime(FakeModeRuntime):
         )
         from torch.utils._python_dispatch import _disable_current_modes
 
-        from ..backends.common import aot_autograd
+        from .backends.common import aot_autograd
 
         region_gms: list[fx.GraphModule] = []
 

@@ -1,14 +1,14 @@
 """
 Frames called under a user's FakeTensorMode and a dispatch mode that only
 observes ops are compiled. See Note [Inheriting the ambient FakeTensorMode]
-in __init__.py.
+in ambient_fake_mode.py.
 """
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from .. import config
-from . import tracer_owns_call
+from . import config
+from .ambient_fake_mode import tracer_owns_call
 
 
 # Dispatch modes PyTorch ships that only observe the ops they see (and their

@@ -2,7 +2,7 @@
 Compiled functions called under a user's FakeTensorMode: which mode a call
 brings, whether a graph is compiled for fake calls, and what such a graph runs.
 
-See Note [Inheriting the ambient FakeTensorMode].
+See Note [Inheriting the ambient FakeTensorMode] below.
 """
 
 # Note [Inheriting the ambient FakeTensorMode]
@@ -46,7 +46,7 @@ See Note [Inheriting the ambient FakeTensorMode].
 # FAKE_TENSOR_MODE (whether a fake mode is active, as at compile time). A
 # guard_filter_fn may drop any guard (skip_all_guards_unsafe drops them all,
 # and the entry must then have none): a frame compiled for real calls under
-# one tells fake calls apart when they run (guards.run_fake_calls_apart), and
+# one tells fake calls apart when they run (fake_mode_guards.py), and
 # a fake entry serves a real call op by op, which gives real results. The
 # price of guarding only what needs it: an entry whose tensor inputs are all
 # real (a module's real parameters, a global tensor), compiled first, serves
@@ -54,11 +54,11 @@ See Note [Inheriting the ambient FakeTensorMode].
 #
 # Dispatch modes. Dynamo skips frames called under a non-infra dispatch mode,
 # since it traces without the mode. Under a user's FakeTensorMode it compiles
-# them when every such mode only observes ops (observers.py): their
+# them when every such mode only observes ops (fake_mode_observers.py): their
 # observations cannot change what tracing sees, and the graph runs op by op
 # under them.
 #
-# Regions (opt-in, regions.py). With config.fake_mode_region_after_calls = N,
+# Regions (opt-in, fake_mode_regions.py). With config.fake_mode_region_after_calls = N,
 # an entry that made N calls autograd does not record is replayed as one
 # fake_mode_region op that FakeTensorMode's dispatch cache serves.
 #
@@ -75,12 +75,11 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 
-from .. import config
-from . import _compat
+from . import config, fake_mode_compat as _compat
 
 
 if TYPE_CHECKING:
-    from ..output_graph import OutputGraph
+    from .output_graph import OutputGraph
 
 
 __all__ = [
@@ -162,6 +161,9 @@ class FakeCalls:
         # A guard_filter_fn may drop the guards that keep real and fake calls
         # apart.
         self.guards_filtered = state.guards_filtered
+        # Set once the graph is compiled for fake calls: its cache entry is a
+        # fake one.
+        self.compiled_for_fake = False
 
     def mode_or_nullcontext(self) -> Any:
         """The user's mode, to create state under it as eager would."""
@@ -216,6 +218,7 @@ def compile_for_fake_calls(
     The backend sees the graph, but Dynamo runs it for fake calls.
     """
     runtime = make_runtime(gm)
+    output_graph.fake_calls.compiled_for_fake = True
     tracing_context = output_graph.tracing_context
     tracing_context.compiling_for_fake_mode = (
         not config.compile_backend_under_fake_mode

@@ -1,6 +1,6 @@
 """
 Real and fake calls of a compiled frame never share a cache entry.
-See Note [Inheriting the ambient FakeTensorMode] in __init__.py.
+See Note [Inheriting the ambient FakeTensorMode] in ambient_fake_mode.py.
 """
 
 from collections.abc import Callable, Sequence
@@ -10,11 +10,11 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from . import has_fake_tensor_input, make_runtime, state
+from .ambient_fake_mode import has_fake_tensor_input, make_runtime, state
 
 
 if TYPE_CHECKING:
-    from ..output_graph import OutputGraph
+    from .output_graph import OutputGraph
 
 
 def fake_mode_active() -> bool:
@@ -45,6 +45,41 @@ def needs_fake_tensor_mode_guard(output_graph: "OutputGraph") -> bool:
     return not any(arg.is_tensor for arg in output_graph.graphargs)
 
 
+def compiled_for_fake_calls(output_graph: Any) -> bool:
+    """Whether CheckFunctionManager guards an entry compiled for fake calls
+    (output_graph may be a deserialized guards state, which never is)."""
+    fake_calls = getattr(output_graph, "fake_calls", None)
+    return fake_calls is not None and fake_calls.compiled_for_fake
+
+
+def is_fake_entry(cache_entry: Any) -> bool:
+    return getattr(cache_entry.guard_manager, "compiled_for_fake_calls", False)
+
+
+def is_fake_call(frame: Any) -> bool:
+    """
+    Whether the frame being compiled was called for fake: under a user's
+    FakeTensorMode or with one of its FakeTensors among its locals (or in a
+    tuple, list or dict there, such as *args). A dry run under a FakeTensorMode
+    must not change what later real calls do, so real and fake entries of a
+    frame count toward their own recompile limits.
+    """
+    if not state.enabled:
+        return False
+    if state.mode is not None:
+        return True
+    for value in frame.f_locals.values():
+        if isinstance(value, (tuple, list)):
+            values: Any = value
+        elif isinstance(value, dict):
+            values = value.values()
+        else:
+            values = (value,)
+        if any(isinstance(v, FakeTensor) for v in values):
+            return True
+    return False
+
+
 def needs_fake_calls_told_apart(output_graph: "OutputGraph") -> bool:
     """
     A guard_filter_fn may drop the guards that keep a real entry from fake
@@ -64,7 +99,7 @@ def run_fake_calls_apart(
     A call is fake if a fake mode is active or one of the frame's own tensor
     inputs (not parameters, which there may be many of) is a FakeTensor.
     """
-    from ..source import LocalSource
+    from .source import LocalSource
 
     runtime = make_runtime(gm)
     input_indices: Sequence[int] = [
