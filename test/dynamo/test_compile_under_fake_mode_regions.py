@@ -183,6 +183,23 @@ class CompileUnderFakeModeRegionTieringTests(CompileUnderFakeModeTestCase):
                     self.assertOwnedLikeEager(compiled(x), fn(x), mode)
         self.assertEqual(regions_compiled(), 0)
 
+    # A replayed output has version counter 0: an entry whose output was
+    # written in place keeps running op by op, as eager counts that write.
+    def test_outputs_written_in_place_keep_eager_versions(self):
+        def fn(x):
+            return x.new_empty_strided(x.shape, x.stride()).fill_(2), (x + 1).mul_(3)
+
+        compiled = torch.compile(fn, backend="inductor")
+        with torch._dynamo.config.patch(fake_mode_region_after_calls=0):
+            with FakeTensorMode() as mode, torch.no_grad():
+                x = torch.randn(4, 3)
+                for _ in range(3):
+                    outs, refs = compiled(x), fn(x)
+                    for out, ref in zip(outs, refs):
+                        self.assertOwnedLikeEager(out, ref, mode)
+                        self.assertEqual(out._version, ref._version)
+        self.assertEqual(regions_compiled(), 0)
+
     # Tiering: the first calls run op by op, a hot entry gets regions.
     @parametrize("backend", BACKENDS)
     def test_first_calls_op_by_op_then_regions(self, backend):

@@ -98,8 +98,9 @@ class RegionFakeModeRuntime(FakeModeRuntime):
         super().__init__(gm)
         self.region: Optional[Callable[..., Any]] = None
         # Replayable calls so far; None once the graph runs op by op for good:
-        # its inputs are symbolic, or an output is a view (a replayed output
-        # is a fresh tensor, without the view's offset, storage and base).
+        # its inputs are symbolic, or an output is a view or was written in
+        # place (a replayed output is a fresh tensor, without the view's
+        # offset, storage and base, and with version counter 0).
         self.calls: Optional[int] = 0
         if any(
             free_symbols(node.meta.get("example_value"))
@@ -107,7 +108,7 @@ class RegionFakeModeRuntime(FakeModeRuntime):
         ) or any(
             isinstance(out, fx.Node)
             and isinstance(val := out.meta.get("example_value"), Tensor)
-            and val._is_view()
+            and (val._is_view() or val._version != 0)
             for out in pytree.tree_leaves(gm.graph.output_node().args)
         ):
             self.calls = None
