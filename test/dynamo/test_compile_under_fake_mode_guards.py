@@ -231,6 +231,29 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
         if backend == "inductor":
             self.assertEqual(self.inductor_compiles, 1)
 
+    # A module with real parameters called with an int: no tensor input of the
+    # frame tells a fake call from a real one, so both entries guard on the
+    # fake mode, whichever came first.
+    @parametrize("backend", BACKENDS)
+    def test_real_params_int_input_fake_real_fake(self, backend):
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(4, 4)
+
+            def forward(self, n):
+                return self.lin(torch.ones(n, 4))
+
+        model = Model()
+        compiled = torch.compile(model, backend=backend)
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        for _ in range(2):
+            with mode:
+                out, ref = compiled(3), model(3)
+            self.assertOwnedLikeEager(out, ref, mode)
+            self.assertEqual(compiled(3), model(3))
+        self.assertEqual(frames_compiled(), 2)
+
 
 instantiate_parametrized_tests(CompileUnderFakeModeGuardTests)
 

@@ -30,19 +30,42 @@ def fake_mode_active() -> bool:
     )
 
 
+def _frame_tensor_inputs(output_graph: "OutputGraph") -> list[int]:
+    """
+    The graph inputs that are tensors the frame was called with (its own
+    arguments, or items of a tuple, list or dict argument such as *args), not
+    tensors it reached through attributes (a module's parameters) or globals.
+    """
+    from .source import DictGetItemSource, GetItemSource, LocalSource
+
+    def is_frame_input(source: Any) -> bool:
+        while isinstance(source, (GetItemSource, DictGetItemSource)):
+            source = source.base
+        return isinstance(source, LocalSource)
+
+    return [
+        i
+        for i, arg in enumerate(output_graph.graphargs)
+        if arg.is_tensor and is_frame_input(arg.source)
+    ]
+
+
 def needs_fake_tensor_mode_guard(output_graph: "OutputGraph") -> bool:
     """
     TENSOR_MATCH checks a tensor input's type, so an entry compiled with a
     FakeTensor input is never hit by a real call, nor a real entry by a call
-    with a FakeTensor input. Only entries without such an input guard on
-    whether a fake mode is active (FAKE_TENSOR_MODE).
+    with a FakeTensor argument. Entries without such an input guard on whether
+    a fake mode is active (FAKE_TENSOR_MODE): a fake entry without FakeTensor
+    inputs, and a real entry none of whose tensor inputs the frame was called
+    with (a module with real parameters called with an int), which a call
+    under a FakeTensorMode(allow_non_fake_inputs=True) would otherwise hit.
     """
     fake_calls = output_graph.fake_calls
     if not fake_calls.enabled:
         return False
     if fake_calls.is_compiling_for_fake(output_graph):
         return not has_fake_tensor_input(output_graph)
-    return not any(arg.is_tensor for arg in output_graph.graphargs)
+    return not _frame_tensor_inputs(output_graph)
 
 
 def compiled_for_fake_calls(output_graph: Any) -> bool:
@@ -99,14 +122,8 @@ def run_fake_calls_apart(
     A call is fake if a fake mode is active or one of the frame's own tensor
     inputs (not parameters, which there may be many of) is a FakeTensor.
     """
-    from .source import LocalSource
-
     runtime = make_runtime(gm)
-    input_indices: Sequence[int] = [
-        i
-        for i, arg in enumerate(output_graph.graphargs)
-        if arg.is_tensor and isinstance(arg.source, LocalSource)
-    ]
+    input_indices: Sequence[int] = _frame_tensor_inputs(output_graph)
     get_mode = torch._C._get_dispatch_mode
     fake_key = torch._C._TorchDispatchModeKey.FAKE
 
