@@ -43,7 +43,7 @@ CONTRACT = [
     ("test/dynamo/test_compile_under_fake_mode.py", "CompileUnderFakeModeTests"),
     ("test/dynamo/test_compile_under_fake_mode_guards.py", "CompileUnderFakeModeGuardTests"),
     ("test/dynamo/test_compile_under_fake_mode_backends.py", "CompileUnderFakeModeBackendTests"),
-    ("test/dynamo/test_compile_under_fake_mode_observers.py", "CompileUnderFakeModeObserverTests"),
+    ("test/dynamo/test_compile_under_fake_mode_trackers.py", "CompileUnderFakeModeTrackerTests"),
     ("test/dynamo/test_compile_under_fake_mode_optimizer.py", "CompileUnderFakeModeOptimizerTests"),
     ("test/dynamo/test_compile_under_fake_mode_regions.py", "CompileUnderFakeModeRegionTieringTests"),
 ]

@@ -4,7 +4,20 @@ words. See Note [Inheriting the ambient FakeTensorMode] in ambient_fake_mode.py.
 """
 
 import torch
+from torch.utils._python_dispatch import (
+    any_torch_dispatch_mode_on_stack,
+    is_in_any_mode_without_ignore_compile_internals,
+)
+
+from . import config
 
 
 def is_non_strict_tracing() -> bool:
     return torch.compiler._is_non_strict_tracing()
+
+
+def dynamo_skips_for_dispatch_mode() -> bool:
+    # As CatchErrorsWrapper decides it.
+    if config.inline_torch_dispatch_torch_compile:
+        return any_torch_dispatch_mode_on_stack()
+    return is_in_any_mode_without_ignore_compile_internals()

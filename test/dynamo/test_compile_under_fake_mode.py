@@ -3,7 +3,7 @@
 torch.compile called under a user-created FakeTensorMode, or on FakeTensors made
 by one, behaves like the same function run eagerly under that mode: the capture
 and the runtime. The tests of the later patches are in
-test_compile_under_fake_mode_{guards,backends,observers,optimizer,regions}.py,
+test_compile_under_fake_mode_{guards,backends,trackers,optimizer,regions}.py,
 which import what they share from this file: the helpers, the feature flags and
 CompileUnderFakeModeTestCase.
 See Note [Inheriting the ambient FakeTensorMode] in
@@ -69,12 +69,6 @@ HAS_NAMED_MIXED_FAKE_MODES_ERROR = torch.torch_version.TorchVersion(
 HAS_PRECOMPILE_PACKAGE = (
     importlib.util.find_spec("torch._dynamo.precompile_package") is not None
 )
-# Frames called under a tracker mode are compiled only where the trackers'
-# module hooks skip compiled modules, which Dynamo could not trace otherwise.
-HAS_IS_IN_OPTIMIZED_MODULE = hasattr(
-    torch._dynamo.eval_frame, "_is_in_optimized_module"
-)
-
 
 def meta_of(t):
     return (

@@ -8,7 +8,7 @@ records and functorch transforms stay op by op; a region that fails to compile i
 logged and the calls still work; region cache entries go with the compiled
 function. CompileUnderFakeModeRegionTests runs the tests of this file and of the
 earlier patches' files (test_compile_under_fake_mode{,_guards,_backends,
-_observers,_optimizer}.py) again with regions from the first call.
+_trackers,_optimizer}.py) again with regions from the first call.
 See Note [Inheriting the ambient FakeTensorMode] in
 torch/_dynamo/ambient_fake_mode.py
 """
@@ -34,7 +34,7 @@ try:
         test_compile_under_fake_mode,
         test_compile_under_fake_mode_backends,
         test_compile_under_fake_mode_guards,
-        test_compile_under_fake_mode_observers,
+        test_compile_under_fake_mode_trackers,
         test_compile_under_fake_mode_optimizer,
     )
     from .test_compile_under_fake_mode import (
@@ -48,7 +48,7 @@ except ImportError:
     import test_compile_under_fake_mode
     import test_compile_under_fake_mode_backends
     import test_compile_under_fake_mode_guards
-    import test_compile_under_fake_mode_observers
+    import test_compile_under_fake_mode_trackers
     import test_compile_under_fake_mode_optimizer
     from test_compile_under_fake_mode import (
         BACKENDS,
@@ -313,7 +313,7 @@ class CompileUnderFakeModeRegionTests(
     test_compile_under_fake_mode.CompileUnderFakeModeTests,
     test_compile_under_fake_mode_guards.CompileUnderFakeModeGuardTests,
     test_compile_under_fake_mode_backends.CompileUnderFakeModeBackendTests,
-    test_compile_under_fake_mode_observers.CompileUnderFakeModeObserverTests,
+    test_compile_under_fake_mode_trackers.CompileUnderFakeModeTrackerTests,
     test_compile_under_fake_mode_optimizer.CompileUnderFakeModeOptimizerTests,
     CompileUnderFakeModeRegionTieringTests,
 ):

@@ -162,8 +162,9 @@ class FakeCalls:
         # apart.
         self.guards_filtered = state.guards_filtered
         # Set once the graph is compiled for fake calls: its cache entry is a
-        # fake one.
+        # fake one; and whether a FakeTensor input tells its calls apart.
         self.compiled_for_fake = False
+        self.has_fake_tensor_input = False
 
     def mode_or_nullcontext(self) -> Any:
         """The user's mode, to create state under it as eager would."""
@@ -219,6 +220,7 @@ def compile_for_fake_calls(
     """
     runtime = make_runtime(gm)
     output_graph.fake_calls.compiled_for_fake = True
+    output_graph.fake_calls.has_fake_tensor_input = has_fake_tensor_input(output_graph)
     tracing_context = output_graph.tracing_context
     tracing_context.compiling_for_fake_mode = (
         not config.compile_backend_under_fake_mode

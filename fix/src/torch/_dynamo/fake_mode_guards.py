@@ -10,7 +10,8 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .ambient_fake_mode import has_fake_tensor_input, make_runtime, state
+from . import fake_mode_compat
+from .ambient_fake_mode import make_runtime, state
 
 
 if TYPE_CHECKING:
@@ -52,20 +53,42 @@ def _frame_tensor_inputs(output_graph: "OutputGraph") -> list[int]:
 
 def needs_fake_tensor_mode_guard(output_graph: "OutputGraph") -> bool:
     """
-    TENSOR_MATCH checks a tensor input's type, so an entry compiled with a
-    FakeTensor input is never hit by a real call, nor a real entry by a call
-    with a FakeTensor argument. Entries without such an input guard on whether
-    a fake mode is active (FAKE_TENSOR_MODE): a fake entry without FakeTensor
-    inputs, and a real entry none of whose tensor inputs the frame was called
-    with (a module with real parameters called with an int), which a call
-    under a FakeTensorMode(allow_non_fake_inputs=True) would otherwise hit.
+    Every entry compiled for fake calls gets FAKE_TENSOR_MODE (see
+    fake_tensor_mode_check), and so does a real entry none of whose tensor
+    inputs the frame was called with (a module with real parameters called
+    with an int), which a call under a FakeTensorMode(allow_non_fake_inputs=
+    True) would otherwise hit. TENSOR_MATCH checks a tensor input's type, so
+    a real entry with a tensor argument is never hit by a fake call.
     """
     fake_calls = output_graph.fake_calls
     if not fake_calls.enabled:
         return False
     if fake_calls.is_compiling_for_fake(output_graph):
-        return not has_fake_tensor_input(output_graph)
+        return True
     return not _frame_tensor_inputs(output_graph)
+
+
+def fake_tensor_mode_check(output_graph: Any) -> tuple[str, Callable[[], bool]]:
+    """
+    What FAKE_TENSOR_MODE checks, as code for guard dumps and as a function.
+    A real entry runs only where no fake mode is active. An entry compiled
+    for fake calls runs only where a fake mode is active (unless a FakeTensor
+    input already tells, through TENSOR_MATCH), and only where Dynamo would
+    compile the frame: under a tracker mode (FlopCounterMode, MemTracker, ...)
+    the frame runs eagerly instead, so the tracker sees its modules' hooks,
+    whether or not the entry was compiled before the tracker was entered.
+    """
+    in_fake_mode = output_graph.in_fake_tensor_mode
+    skips = fake_mode_compat.dynamo_skips_for_dispatch_mode
+    if not compiled_for_fake_calls(output_graph):
+        return f"___fake_mode_active() == {in_fake_mode}", (
+            lambda: fake_mode_active() == in_fake_mode
+        )
+    if output_graph.fake_calls.has_fake_tensor_input:
+        return "not ___dynamo_skips_for_dispatch_mode()", lambda: not skips()
+    return "___fake_mode_active() and not ___dynamo_skips_for_dispatch_mode()", (
+        lambda: fake_mode_active() and not skips()
+    )
 
 
 def compiled_for_fake_calls(output_graph: Any) -> bool:

@@ -1,0 +1,25 @@
+"""
+What the fake-call support needs from this release of PyTorch, in its own
+words. See Note [Inheriting the ambient FakeTensorMode] in ambient_fake_mode.py.
+"""
+
+from torch.utils._python_dispatch import (
+    any_torch_dispatch_mode_on_stack,
+    is_in_any_mode_without_ignore_compile_internals,
+)
+
+from . import config
+
+
+def is_non_strict_tracing() -> bool:
+    # torch.compiler._is_non_strict_tracing is new in 2.12. Before it,
+    # non-strict export traces under a PROXY mode, which tracer_owns_call
+    # checks on its own.
+    return False
+
+
+def dynamo_skips_for_dispatch_mode() -> bool:
+    # As CatchErrorsWrapper decides it.
+    if config.inline_torch_dispatch_torch_compile:
+        return any_torch_dispatch_mode_on_stack()
+    return is_in_any_mode_without_ignore_compile_internals()
