@@ -143,10 +143,13 @@ def _diff_targets(hook: Hook) -> list[str]:
 
 
 def _apply_hook(repo: Path, hook: Hook, *, version: str, notes: list[str]) -> None:
+    """Apply a hook with ``patch``: at an offset if the file moved, never with
+    fuzz (a context that differs may place a hunk in the wrong function: a
+    release whose file differs gets an override instead)."""
     if not hook.path.read_text(encoding="utf-8").strip() or not _diff_targets(hook):
         return  # an empty override: this release keeps the file as it is
     cp = subprocess.run(["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch",
-                         "--reject-file=-", "--fuzz=2", "-i", str(hook.path)],
+                         "--reject-file=-", "--fuzz=0", "-i", str(hook.path)],
                         cwd=repo, capture_output=True, text=True)
     if cp.returncode != 0:
         rel = hook.path.relative_to(ROOT) if hook.path.is_relative_to(ROOT) else hook.path
@@ -158,7 +161,7 @@ def _apply_hook(repo: Path, hook: Hook, *, version: str, notes: list[str]) -> No
             f"against torch {version}'s file after the earlier patches (see fix/README.md)",
         )
     for line in cp.stdout.splitlines():
-        if "fuzz" in line:
+        if "offset" in line:
             notes.append(f"{hook.target}: {line.strip()}")
 
 
@@ -341,7 +344,7 @@ def generate(*, versions: list[str] | None = None, cache_dir: Path, patches_dir=
                 + (f"; overrides: {', '.join(ov)}" if ov else "")
                 + ("" if name not in changed else " (regenerated)"))
         for note in gen.notes:
-            out(f"    fuzz: {note}")
+            out(f"    moved: {note}")
         out(f"    {len(gen.names)} patches, {total} lines added to existing PyTorch files"
             + (f"; not in this release: {', '.join(gen.skipped)}" if gen.skipped else ""))
     return stale
