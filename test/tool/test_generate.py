@@ -18,11 +18,11 @@ from torch_fork_overlay.series import load_series
 
 PRISTINE = {
     "1.0.0": {
-        "torch/x.py": "import os\n\n\ndef x():\n    return 1\n\n\nX = 1\n",
+        "torch/x.py": "import os\n\n\n\n\ndef x():\n    return 1\n\n\n\n\nX = 1\n",
         "torch/y.py": "def y(a):\n    return a\n",
     },
     "1.1.0": {
-        "torch/x.py": "import os\nimport sys\n\n\ndef x():\n    return 1\n\n\nX = 1\n",
+        "torch/x.py": "import os\nimport sys\n\n\n\n\ndef x():\n    return 1\n\n\n\n\nX = 1\n",
         "torch/y.py": "def y(a, b=None):\n    return a\n",
     },
 }
