@@ -254,6 +254,18 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
             self.assertEqual(compiled(3), model(3))
         self.assertEqual(frames_compiled(), 2)
 
+    # Calls on FakeTensors made outside any mode count toward the recompile
+    # limit with real calls, as on stock, however deep the FakeTensors sit.
+    def test_fake_tensors_outside_a_mode_count_toward_the_limit(self):
+        cnt = CompileCounterWithBackend("eager")
+        fn = torch.compile(lambda xs: xs[0][0] * 2, backend=cnt, dynamic=False)
+        with FakeTensorMode():
+            inputs = [torch.randn(n) for n in range(1, 8)]
+        with torch._dynamo.config.patch(recompile_limit=2):
+            for x in inputs:
+                self.assertEqual(fn([[x]]).shape, x.shape)
+        self.assertEqual(cnt.frame_count, 2)
+
 
 instantiate_parametrized_tests(CompileUnderFakeModeGuardTests)
 

@@ -41,22 +41,31 @@ See Note [Inheriting the ambient FakeTensorMode] below.
 # DebugMode, FSDPMemTracker, selective checkpointing's caching modes) see the
 # graph's ops, as with the eager backend.
 #
-# Guards. Real and fake calls must not share an entry. TENSOR_MATCH checks a
-# tensor input's type, so only an entry without a tensor input gets
-# FAKE_TENSOR_MODE (whether a fake mode is active, as at compile time). A
-# guard_filter_fn may drop any guard (skip_all_guards_unsafe drops them all,
-# and the entry must then have none): a frame compiled for real calls under
-# one tells fake calls apart when they run (fake_mode_guards.py), and
-# a fake entry serves a real call op by op, which gives real results. The
-# price of guarding only what needs it: an entry whose tensor inputs are all
-# real (a module's real parameters, a global tensor), compiled first, serves
-# calls made under a FakeTensorMode.
+# Guards (fake_mode_guards.py). Real and fake calls must not share an entry.
+# TENSOR_MATCH checks a tensor input's type, so FAKE_TENSOR_MODE goes only
+# where no tensor input tells them apart: on every entry compiled for fake
+# calls, on real entries without tensor inputs, and on real entries of frames
+# already called for fake that none of the frame's own tensor arguments
+# reaches (a module with real parameters called with an int). Frames never
+# called for fake pay nothing. A guard_filter_fn may drop any guard
+# (skip_all_guards_unsafe drops them all, and the entry must then have none):
+# a frame compiled for real calls under one tells fake calls apart when they
+# run, and a fake entry serves a real call op by op, which gives real results.
+# Entries compiled under a user's FakeTensorMode count toward recompile limits
+# of their own (cache_size.py), so a dry run never makes a later real call
+# run eagerly. The price of guarding only what needs it: a real entry with a
+# real tensor argument, compiled first, serves a call that passes real
+# tensors under a FakeTensorMode(allow_non_fake_inputs=True).
 #
-# Dispatch modes. Dynamo skips frames called under a non-infra dispatch mode,
-# since it traces without the mode. Under a user's FakeTensorMode it compiles
-# them when every such mode only observes ops (fake_mode_observers.py): their
-# observations cannot change what tracing sees, and the graph runs op by op
-# under them.
+# Dispatch modes (fake_mode_trackers.py). Dynamo skips frames called under a
+# non-infra dispatch mode (a tracker such as FlopCounterMode or MemTracker):
+# it traces without the mode and cannot trace the module hooks trackers
+# install. Such a frame runs eagerly under the modes, as on stock, so the
+# tracker sees its ops and every module; an entry compiled for fake calls
+# does not run under such a mode either (its guard sends the call back to
+# eager). Under a user's FakeTensorMode, fullgraph=True does not fail with
+# "found no compiled frames" for such a frame: the eager run under the modes
+# is what the call is for.
 #
 # Regions (opt-in, fake_mode_regions.py). With config.fake_mode_region_after_calls = N,
 # an entry that made N calls autograd does not record is replayed as one
@@ -68,6 +77,7 @@ See Note [Inheriting the ambient FakeTensorMode] below.
 import contextlib
 import copy
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Optional, TYPE_CHECKING
 
@@ -107,6 +117,10 @@ class _AmbientFakeModeState(threading.local):
 
 
 state = _AmbientFakeModeState()
+
+# Code objects of frames compiled for fake calls: a real entry compiled later
+# for such a frame guards on the fake mode (see fake_mode_guards.py).
+codes_compiled_for_fake: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def tracer_owns_call() -> bool:
@@ -220,6 +234,7 @@ def compile_for_fake_calls(
     """
     runtime = make_runtime(gm)
     output_graph.fake_calls.compiled_for_fake = True
+    codes_compiled_for_fake.add(output_graph.root_tx.f_code)
     output_graph.fake_calls.has_fake_tensor_input = has_fake_tensor_input(output_graph)
     tracing_context = output_graph.tracing_context
     tracing_context.compiling_for_fake_mode = (

@@ -11,7 +11,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor
 
 from . import fake_mode_compat
-from .ambient_fake_mode import make_runtime, state
+from .ambient_fake_mode import codes_compiled_for_fake, make_runtime, state
 
 
 if TYPE_CHECKING:
@@ -54,18 +54,24 @@ def _frame_tensor_inputs(output_graph: "OutputGraph") -> list[int]:
 def needs_fake_tensor_mode_guard(output_graph: "OutputGraph") -> bool:
     """
     Every entry compiled for fake calls gets FAKE_TENSOR_MODE (see
-    fake_tensor_mode_check), and so does a real entry none of whose tensor
-    inputs the frame was called with (a module with real parameters called
-    with an int), which a call under a FakeTensorMode(allow_non_fake_inputs=
-    True) would otherwise hit. TENSOR_MATCH checks a tensor input's type, so
-    a real entry with a tensor argument is never hit by a fake call.
+    fake_tensor_mode_check). TENSOR_MATCH checks a tensor input's type, so a
+    real entry is hit by a fake call only if no tensor input tells them
+    apart: it guards when it has no tensor input at all, or, for a frame
+    already called for fake, when none of its tensor inputs is one the frame
+    was called with (a module with real parameters called with an int, then
+    called again under a FakeTensorMode(allow_non_fake_inputs=True)). Frames
+    never called for fake pay nothing.
     """
     fake_calls = output_graph.fake_calls
     if not fake_calls.enabled:
         return False
     if fake_calls.is_compiling_for_fake(output_graph):
         return True
-    return not _frame_tensor_inputs(output_graph)
+    if not any(arg.is_tensor for arg in output_graph.graphargs):
+        return True
+    return output_graph.root_tx.f_code in codes_compiled_for_fake and not (
+        _frame_tensor_inputs(output_graph)
+    )
 
 
 def fake_tensor_mode_check(output_graph: Any) -> tuple[str, Callable[[], bool]]:
@@ -80,7 +86,7 @@ def fake_tensor_mode_check(output_graph: Any) -> tuple[str, Callable[[], bool]]:
     """
     in_fake_mode = output_graph.in_fake_tensor_mode
     skips = fake_mode_compat.dynamo_skips_for_dispatch_mode
-    if not compiled_for_fake_calls(output_graph):
+    if not output_graph.fake_calls.compiled_for_fake:
         return f"___fake_mode_active() == {in_fake_mode}", (
             lambda: fake_mode_active() == in_fake_mode
         )
@@ -92,10 +98,10 @@ def fake_tensor_mode_check(output_graph: Any) -> tuple[str, Callable[[], bool]]:
 
 
 def compiled_for_fake_calls(output_graph: Any) -> bool:
-    """Whether CheckFunctionManager guards an entry compiled for fake calls
-    (output_graph may be a deserialized guards state, which never is)."""
-    fake_calls = getattr(output_graph, "fake_calls", None)
-    return fake_calls is not None and fake_calls.compiled_for_fake
+    """Whether CheckFunctionManager guards an entry that counts toward the
+    recompile limit of fake calls: one compiled under a user's FakeTensorMode
+    (output_graph may also be a deserialized guards state)."""
+    return bool(getattr(output_graph, "in_fake_tensor_mode", False))
 
 
 def is_fake_entry(cache_entry: Any) -> bool:
@@ -104,26 +110,13 @@ def is_fake_entry(cache_entry: Any) -> bool:
 
 def is_fake_call(frame: Any) -> bool:
     """
-    Whether the frame being compiled was called for fake: under a user's
-    FakeTensorMode or with one of its FakeTensors among its locals (or in a
-    tuple, list or dict there, such as *args). A dry run under a FakeTensorMode
-    must not change what later real calls do, so real and fake entries of a
-    frame count toward their own recompile limits.
+    Whether the frame being compiled was called under a user's FakeTensorMode.
+    A dry run under a FakeTensorMode must not change what later real calls
+    do, so entries compiled under one and the others count toward their own
+    recompile limits; calls on FakeTensors made outside any mode count with
+    real ones, as on stock. (The same rule on both sides, and O(1).)
     """
-    if not state.enabled:
-        return False
-    if state.mode is not None:
-        return True
-    for value in frame.f_locals.values():
-        if isinstance(value, (tuple, list)):
-            values: Any = value
-        elif isinstance(value, dict):
-            values = value.values()
-        else:
-            values = (value,)
-        if any(isinstance(v, FakeTensor) for v in values):
-            return True
-    return False
+    return state.enabled and state.mode is not None
 
 
 def needs_fake_calls_told_apart(output_graph: "OutputGraph") -> bool:

@@ -3,10 +3,16 @@ Frames a tracker mode makes Dynamo skip, under a user's FakeTensorMode.
 See Note [Inheriting the ambient FakeTensorMode] in ambient_fake_mode.py.
 """
 
+import logging
+
 import torch
 
 from . import config
 from .ambient_fake_mode import tracer_owns_call
+
+
+log = logging.getLogger(__name__)
+_logged = False
 
 
 def serve_skipped_frame_eagerly() -> None:
@@ -26,5 +32,13 @@ def serve_skipped_frame_eagerly() -> None:
         return
     from torch._C._dynamo.eval_frame import set_fullgraph_compiled_frame_count
 
+    # The count is -1 unless a fullgraph=True call is counting its frames.
     count = set_fullgraph_compiled_frame_count(-1)
     set_fullgraph_compiled_frame_count(count + 1 if count >= 0 else count)
+    global _logged
+    if count >= 0 and not _logged:
+        _logged = True
+        log.info(
+            "fullgraph=True under a FakeTensorMode: frames a dispatch mode makes "
+            "Dynamo skip run eagerly under the modes instead of failing"
+        )
