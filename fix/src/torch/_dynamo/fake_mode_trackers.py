@@ -1,13 +1,14 @@
 """
-Frames a tracker mode makes Dynamo skip, under a user's FakeTensorMode.
-See Note [Inheriting the ambient FakeTensorMode] in ambient_fake_mode.py.
+fullgraph=True for frames a dispatch mode makes Dynamo skip, under a user's
+FakeTensorMode. See Note [Inheriting the ambient FakeTensorMode] in
+ambient_fake_mode.py.
 """
 
 import logging
 
 import torch
 
-from . import config
+from . import config, fake_mode_compat
 from .ambient_fake_mode import tracer_owns_call
 
 
@@ -15,30 +16,28 @@ log = logging.getLogger(__name__)
 _logged = False
 
 
-def serve_skipped_frame_eagerly() -> None:
+def frames_run_eagerly_under_modes() -> bool:
     """
-    Called when Dynamo skips a frame because a non-infra dispatch mode (a
-    tracker such as FlopCounterMode, MemTracker or CommDebugMode) is active.
-    The frame runs eagerly under the modes, as on stock, so trackers see its
-    ops and its modules' hooks. Under a user's FakeTensorMode that eager run is
-    what the call is for (an estimate), so fullgraph=True does not fail with
-    "found no compiled frames" for it: the frame counts as served.
+    Whether a fullgraph=True call that compiled no frame ran them eagerly on
+    purpose: under a user's FakeTensorMode, a non-infra dispatch mode (a
+    tracker such as FlopCounterMode, MemTracker or CommDebugMode) makes Dynamo
+    skip frames, which run eagerly under the modes, as on stock, so the
+    tracker sees their ops and their modules' hooks. That eager run is what
+    the call is for (an estimate): fullgraph=True does not fail with "found
+    no compiled frames" for it.
     """
     if (
         not config.inherit_ambient_fake_mode
         or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None
         or tracer_owns_call()
+        or not fake_mode_compat.dynamo_skips_for_dispatch_mode()
     ):
-        return
-    from torch._C._dynamo.eval_frame import set_fullgraph_compiled_frame_count
-
-    # The count is -1 unless a fullgraph=True call is counting its frames.
-    count = set_fullgraph_compiled_frame_count(-1)
-    set_fullgraph_compiled_frame_count(count + 1 if count >= 0 else count)
+        return False
     global _logged
-    if count >= 0 and not _logged:
+    if not _logged:
         _logged = True
         log.info(
             "fullgraph=True under a FakeTensorMode: frames a dispatch mode makes "
-            "Dynamo skip run eagerly under the modes instead of failing"
+            "Dynamo skip ran eagerly under the modes instead of failing"
         )
+    return True
