@@ -12,7 +12,6 @@ See Note [Inheriting the ambient FakeTensorMode] in
 torch/_dynamo/ambient_fake_mode.py
 """
 
-import functools
 import unittest
 
 import torch
