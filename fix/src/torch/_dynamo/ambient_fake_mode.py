@@ -26,20 +26,34 @@ See Note [Inheriting the ambient FakeTensorMode] below.
 # Compiling. Dynamo traces with its own FakeTensorMode as always; the user's
 # FakeTensors are refakified, so tracing never mutates them. The backend is
 # called with the graph as usual, so counters, graph recorders and custom
-# backends see what was captured, but its artifact is never run: Inductor's
-# kernels would read the FakeTensors' data pointers, and a fake cuda tensor
-# need not have a device. TracingContext.compiling_for_fake_mode tells the
-# backend so; config.compile_backend_under_fake_mode makes the backend compile
-# anyway, to check that a model compiles.
+# backends see what was captured, with TracingContext.compiling_for_fake_mode
+# set: no lowering, no code generation, no device (Inductor's kernels would
+# read the FakeTensors' data pointers, and a fake cuda tensor need not have a
+# device). config.compile_backend_under_fake_mode makes the backend compile
+# for real anyway, to check that a model compiles; its artifact never runs.
 #
-# Running (FakeModeRuntime). Dynamo runs its own copy of the captured graph
-# (the backend may rewrite the one it is given) under whatever fake mode the
-# call brings, so the outputs are owned by the caller's mode. It runs op by op,
-# exactly as the eager backend would: nothing is traced twice, and eager's own
-# ops keep autograd (saved tensors, double backward), views, mutations and
-# version counters as eager has them. Dispatch modes on top (FlopCounterMode,
-# DebugMode, FSDPMemTracker, selective checkpointing's caching modes) see the
-# graph's ops, as with the eager backend.
+# Running (FakeModeRuntime). A fake call is made to learn what the compiled
+# run will do, its memory above all, and compiling changes memory:
+# AOTAutograd's partitioner decides what the forward saves for backward and
+# what the backward recomputes (min-cut, activation_memory_budget, selective
+# checkpointing), after the backend's decompositions and joint-graph passes.
+# So a backend built on AOTAutograd (AotAutograd: aot_eager and any
+# aot_autograd(...) backend; compile_fx: inductor) runs its own graph pipeline
+# as for a real compile, with compilers that lower nothing
+# (compile_unlowered), and answers with BackendGraphs: AOTAutograd's runtime
+# over the forward and backward graphs it built, which Dynamo runs under the
+# caller's FakeTensorMode. What the forward saves, what the backward
+# recomputes, the outputs' metadata and the ops a dispatch mode sees are the
+# compiled run's. A backend's own compilers are not called: their artifacts
+# would not run on FakeTensors. Nothing the pipeline builds is cached.
+# Every other backend (eager, custom ones) and config.fake_mode_runs_backend_graphs
+# = False run Dynamo's own copy of the captured graph (the backend may rewrite
+# the one it is given) op by op, exactly as the eager backend would: nothing
+# is traced twice, the fastest answer, with eager's autograd (saved tensors,
+# double backward), views, mutations and version counters. Either way the
+# outputs are owned by the caller's mode, and dispatch modes on top
+# (FlopCounterMode, DebugMode, FSDPMemTracker, selective checkpointing's
+# caching modes) see the ops that run.
 #
 # Guards (fake_mode_guards.py). Real and fake calls must not share an entry.
 # TENSOR_MATCH checks a tensor input's type, so FAKE_TENSOR_MODE goes only
@@ -93,9 +107,12 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "BackendGraphs",
     "FakeCalls",
     "FakeModeRuntime",
+    "backend_graphs_for_fake_calls",
     "capture_ambient_fake_mode",
+    "compile_unlowered",
     "state",
     "tracer_owns_call",
 ]
@@ -203,8 +220,9 @@ def has_fake_tensor_input(output_graph: "OutputGraph") -> bool:
 
 class FakeModeRuntime:
     """
-    What a graph compiled for fake calls runs: the captured graph, op by op,
-    under the caller's FakeTensorMode, as the eager backend would.
+    What a graph compiled for fake calls runs under the caller's FakeTensorMode:
+    the backend's graphs if it built them, else the captured graph op by op, as
+    the eager backend would.
     """
 
     def __init__(self, gm: fx.GraphModule) -> None:
@@ -215,13 +233,58 @@ class FakeModeRuntime:
         for node in graph.nodes:
             node.meta = {}
         self.gm = fx.GraphModule(gm, graph)
+        self.run: Callable[..., Any] = self.gm.forward
 
     def __call__(self, *args: Any) -> Any:
-        return self.gm.forward(*args)
+        return self.run(*args)
 
 
-def make_runtime(gm: fx.GraphModule) -> Callable[..., Any]:
+def make_runtime(gm: fx.GraphModule) -> FakeModeRuntime:
     return FakeModeRuntime(gm)
+
+
+class BackendGraphs:
+    """
+    A backend's answer for a graph compiled for fake calls: what its graph
+    pipeline built for the real run, run under the caller's FakeTensorMode.
+    """
+
+    def __init__(self, compiled_fn: Callable[..., Any]) -> None:
+        self.compiled_fn = compiled_fn
+
+    def __call__(self, *args: Any) -> Any:
+        return self.compiled_fn(*args)
+
+
+def compile_unlowered(gm: fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+    """
+    An AOTAutograd compiler, or Inductor inner_compile, that lowers nothing:
+    the graph it is given is what runs.
+    """
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    return make_boxed_func(gm.forward)
+
+
+def backend_graphs_for_fake_calls(
+    gm: fx.GraphModule, build: Callable[[], Callable[..., Any]]
+) -> Callable[..., Any]:
+    """
+    Called by a backend built on AOTAutograd when compiling_for_fake_mode is
+    set: build() runs its graph pipeline as for a real compile, with
+    compile_unlowered as its compilers.
+    """
+    if not config.fake_mode_runs_backend_graphs:
+        return gm
+    tracing_context = torch._guards.TracingContext.get()
+    tracing_context.compiling_for_fake_mode = False
+    try:
+        # An unlowered artifact must never serve a real compile.
+        with torch._functorch.config.patch(enable_autograd_cache=False):
+            compiled_fn = build()
+    finally:
+        tracing_context.compiling_for_fake_mode = True
+    return BackendGraphs(compiled_fn)
 
 
 def compile_for_fake_calls(
@@ -230,7 +293,7 @@ def compile_for_fake_calls(
     example_inputs: Sequence[Any],
 ) -> Callable[..., Any]:
     """
-    The backend sees the graph, but Dynamo runs it for fake calls.
+    The backend sees the graph; Dynamo runs what it built for fake calls.
     """
     runtime = make_runtime(gm)
     output_graph.fake_calls.compiled_for_fake = True
@@ -242,7 +305,9 @@ def compile_for_fake_calls(
     )
     try:
         with output_graph.restore_global_state():
-            output_graph.call_user_compiler(gm, example_inputs)
+            compiled_fn = output_graph.call_user_compiler(gm, example_inputs)
     finally:
         tracing_context.compiling_for_fake_mode = False
+    if isinstance(compiled_fn, BackendGraphs):
+        runtime.run = compiled_fn
     return runtime

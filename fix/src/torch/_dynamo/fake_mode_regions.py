@@ -117,16 +117,16 @@ class RegionFakeModeRuntime(FakeModeRuntime):
         if self.region is None:
             after_calls = config.fake_mode_region_after_calls
             if after_calls is None or self.calls is None or not _may_replay(args):
-                return self.gm.forward(*args)
+                return self.run(*args)
             if self.calls < after_calls:
                 self.calls += 1
-                return self.gm.forward(*args)
+                return self.run(*args)
             self.region = self.compile_region(args)
             if self.region is None:
                 self.calls = None
-                return self.gm.forward(*args)
+                return self.run(*args)
         if not _may_replay(args):
-            return self.gm.forward(*args)
+            return self.run(*args)
         return self.region(*args)
 
     def compile_region(self, args: Sequence[Any]) -> Optional[Callable[..., Any]]:
