@@ -160,6 +160,21 @@ class CompileUnderFakeModeTestCase(torch._dynamo.test_case.TestCase):
             else:
                 self.assertEqual(o, r)
 
+    def assertLikeCompiledRun(self, out, ref, mode):
+        """
+        out (compiled, called under mode) matches ref (the same compiled
+        function called on real tensors): a fake call predicts the compiled
+        run, whose metadata may differ from eager's (AOTAutograd returns fresh
+        tensors where eager returns views; Inductor picks output strides).
+        """
+        flat_out, spec_out = torch.utils._pytree.tree_flatten(out)
+        flat_ref, spec_ref = torch.utils._pytree.tree_flatten(ref)
+        self.assertEqual(spec_out, spec_ref)
+        for o, r in zip(flat_out, flat_ref):
+            self.assertIsInstance(o, FakeTensor)
+            self.assertIs(o.fake_mode, mode)
+            self.assertEqual(meta_of(o)[1:], meta_of(r)[1:])
+
     def check_like_eager(self, fn, make_inputs, backend, mode=None, **compile_kwargs):
         mode = mode or FakeTensorMode()
         with mode:
@@ -340,9 +355,11 @@ class CompileUnderFakeModeTests(CompileUnderFakeModeTestCase):
             y.mul_(2)
             return x + y
 
+        # Version counters as the compiled run leaves them (eager's, but for
+        # aot_eager's runtime, which writes its graph's mutations back).
+        a, b = torch.randn(3), torch.randn(3)
+        torch.compile(fn, backend=backend)(a, b)
         with mode:
-            a, b = torch.randn(3), torch.randn(3)
-            fn(a, b)
             c, d = torch.randn(3), torch.randn(3)
             out = torch.compile(fn, backend=backend)(c, d)
         self.assertIs(out.fake_mode, mode)
@@ -601,17 +618,25 @@ class GraphModule(torch.nn.Module):
     def test_complex_rotary_forward_backward(self, backend):
         mode = FakeTensorMode()
         compiled = torch.compile(rotary, backend=backend)
-        with mode:
+
+        def make_inputs():
+            torch.manual_seed(0)
             x = torch.randn(2, 8, 4, 16, requires_grad=True)
-            freqs = torch.polar(torch.ones(8, 1, 8), torch.randn(8, 1, 8))
-            ref = rotary(x, freqs)
-            ref.sum().backward()
-            ref_grad, x.grad = x.grad, None
+            return x, torch.polar(torch.ones(8, 1, 8), torch.randn(8, 1, 8))
+
+        # What the compiled run returns (eager returns a view; AOTAutograd
+        # returns a fresh tensor).
+        x, freqs = make_inputs()
+        ref = compiled(x, freqs)
+        ref.sum().backward()
+        ref_grad = x.grad
+        with mode:
+            x, freqs = make_inputs()
             for _ in range(3):
                 out = compiled(x, freqs)
                 out.sum().backward()
-                self.assertOwnedLikeEager(out, ref, mode)
-                self.assertOwnedLikeEager(x.grad, ref_grad, mode)
+                self.assertLikeCompiledRun(out, ref, mode)
+                self.assertLikeCompiledRun(x.grad, ref_grad, mode)
                 x.grad = None
 
     @parametrize("backend", BACKENDS)
@@ -700,6 +725,10 @@ class GraphModule(torch.nn.Module):
         def fn(x):
             return (x.sin() * 2).relu().sum()
 
+        # Regions serve entries that run op by op.
+        self._stack.enter_context(
+            torch._dynamo.config.patch(fake_mode_runs_backend_graphs=False)
+        )
         compiled = torch.compile(fn, backend=backend)
         with FakeTensorMode(), torch.no_grad():
             x = torch.randn(4, 3)
@@ -714,8 +743,12 @@ class GraphModule(torch.nn.Module):
         self.assertNotIn("fake_mode_region", mode.ops)
         self.assertEqual([op for op in mode.ops if op.startswith("aten.")], eager.ops)
 
-    @parametrize("backend", BACKENDS)
-    def test_selective_checkpoint_policy_sees_eager_ops(self, backend):
+    # Inductor's kernels are opaque to a mode in the real run; a fake call runs
+    # its unlowered graphs op by op (see the README's known limits).
+    @parametrize("backend", ["eager", "aot_eager"])
+    def test_selective_checkpoint_policy_sees_the_compiled_runs_ops(self, backend):
+        # The policy sees the ops the compiled run runs under it: eager's on
+        # the eager backend, those of AOTAutograd's graphs on aot_eager.
         def fn(x):
             return (x.sin() * 2).relu()
 
@@ -731,14 +764,19 @@ class GraphModule(torch.nn.Module):
                 x = torch.randn(4, 3, requires_grad=True)
                 out = checkpoint(fn, x, use_reentrant=False, context_fn=context_fn)
                 out.sum().backward()
-            self.assertIs(x.grad.fake_mode, mode)
+            if isinstance(mode, FakeTensorMode):
+                self.assertIs(x.grad.fake_mode, mode)
             return seen
 
+        real = [
+            ops_seen_by_policy(torch.compile(fn, backend=backend), contextlib.nullcontext())
+            for _ in range(3)
+        ]
         mode = FakeTensorMode()
-        eager = ops_seen_by_policy(fn, mode)
         compiled = torch.compile(fn, backend=backend)
-        for _ in range(3):
-            self.assertEqual(ops_seen_by_policy(compiled, mode), eager)
+        self.assertEqual([ops_seen_by_policy(compiled, mode) for _ in range(3)], real)
+        if backend == "eager":
+            self.assertEqual(real[0], ops_seen_by_policy(fn, mode))
 
     # Backends that rewrite the graph they are given in place.
     def test_backend_rewriting_its_graph_in_place_does_not_change_fake_calls(self):

@@ -1,15 +1,17 @@
 # Owner(s): ["module: dynamo"]
 """
 Backends called for a frame compiled under a user-created FakeTensorMode: Inductor
-and aot_autograd do no work for fake calls (their artifacts would never run; the
-graph runs op by op under the mode), Inductor compiles on the first real call,
-and compile_backend_under_fake_mode runs the backend without running its artifact.
+and aot_autograd backends lower nothing for fake calls (they build the graphs of
+the real run, which Dynamo runs under the mode; their compilers' artifacts would
+never run), Inductor compiles on the first real call, and
+compile_backend_under_fake_mode runs the backend without running its artifact.
 See Note [Inheriting the ambient FakeTensorMode] in
 torch/_dynamo/ambient_fake_mode.py
 """
 
 import torch
 import torch._dynamo.test_case
+from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import counters
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -69,20 +71,37 @@ class CompileUnderFakeModeBackendTests(CompileUnderFakeModeTestCase):
         self.assertEqual(self.inductor_compiles, 1)
         self.assertIs(out.fake_mode, mode)
 
-    def test_aot_autograd_does_no_work_for_fake_calls(self):
-        # Its artifact would never run: like Inductor, it returns at once.
+    def test_aot_autograd_builds_graphs_but_calls_no_compiler_for_fake_calls(self):
+        # AOTAutograd traces and partitions as for the real run; its
+        # compilers, whose artifacts would never run on FakeTensors, are not
+        # called, unless compile_backend_under_fake_mode asks for them.
+        compiled_graphs = []
+
+        def compiler(gm, example_inputs):
+            compiled_graphs.append(gm)
+            return gm
+
+        backend = aot_autograd(fw_compiler=compiler)
         fn = lambda x: x.sin() * 2  # noqa: E731
+        # No region either (regions trace with AOTAutograd too).
         self._stack.enter_context(
-            torch._dynamo.config.patch(fake_mode_region_after_calls=16)
+            torch._dynamo.config.patch(fake_mode_region_after_calls=None)
         )
         with FakeTensorMode():
-            torch.compile(fn, backend="aot_eager")(torch.randn(3))
-        self.assertEqual(counters["aot_autograd"]["total"], 0)
+            torch.compile(fn, backend=backend)(torch.randn(3))
+        self.assertEqual(counters["aot_autograd"]["total"], 1)
+        self.assertEqual(compiled_graphs, [])
+        torch._dynamo.reset()
+        with torch._dynamo.config.patch(fake_mode_runs_backend_graphs=False):
+            with FakeTensorMode():
+                torch.compile(fn, backend=backend)(torch.randn(3))
+        self.assertEqual(counters["aot_autograd"]["total"], 1)
         torch._dynamo.reset()
         with torch._dynamo.config.patch(compile_backend_under_fake_mode=True):
             with FakeTensorMode():
-                torch.compile(fn, backend="aot_eager")(torch.randn(3))
-        self.assertEqual(counters["aot_autograd"]["total"], 1)
+                torch.compile(fn, backend=backend)(torch.randn(3))
+        self.assertEqual(counters["aot_autograd"]["total"], 2)
+        self.assertEqual(len(compiled_graphs), 1)
 
 
 instantiate_parametrized_tests(CompileUnderFakeModeBackendTests)

@@ -72,8 +72,27 @@ def region_cache_keys():
 
 
 class CompileUnderFakeModeRegionTieringTests(CompileUnderFakeModeTestCase):
+    # Regions replay the captured graph: they serve entries that run op by op
+    # (backend aot_eager and inductor run their own graphs by default).
+    def run_op_by_op(self):
+        self._stack.enter_context(
+            torch._dynamo.config.patch(fake_mode_runs_backend_graphs=False)
+        )
+
+    @parametrize("backend", ["aot_eager", "inductor"])
+    def test_entries_running_backend_graphs_build_no_region(self, backend):
+        with torch._dynamo.config.patch(fake_mode_region_after_calls=0):
+            fn = torch.compile(lambda x: x.sin().cos(), backend=backend)
+            with FakeTensorMode():
+                x = torch.randn(5, 2)
+                for _ in range(3):
+                    fn(x)
+        self.assertEqual(frames_compiled(), 1)
+        self.assertEqual(regions_compiled(), 0)
+
     @parametrize("no_grad", [False, True])
     def test_steady_state_is_one_cache_hit_per_call(self, no_grad):
+        self.run_op_by_op()
         fn = torch.compile(lambda x: x.sin().cos().exp().sum(0), backend="inductor")
         mode = FakeTensorMode()
         ctx = torch.no_grad() if no_grad else contextlib.nullcontext()
@@ -93,6 +112,7 @@ class CompileUnderFakeModeRegionTieringTests(CompileUnderFakeModeTestCase):
 
     @parametrize("backend", BACKENDS)
     def test_calls_autograd_records_stay_op_by_op(self, backend):
+        self.run_op_by_op()
         # A region would be differentiable once, and its saved tensors would
         # not be eager's: past the regions' threshold, double backward and
         # saved-tensor hooks still see eager's behaviour.
@@ -124,6 +144,7 @@ class CompileUnderFakeModeRegionTieringTests(CompileUnderFakeModeTestCase):
         self.assertEqual(regions_compiled(), 0)
 
     def test_outputs_aliasing_each_other_stay_views(self):
+        self.run_op_by_op()
         # The dispatch cache would replay such outputs as unrelated tensors.
         def fn(x):
             return (x * 2).split(2)
@@ -147,6 +168,7 @@ class CompileUnderFakeModeRegionTieringTests(CompileUnderFakeModeTestCase):
         self.assertEqual(regions_compiled(), 0)
 
     def test_functorch_transforms_stay_op_by_op(self):
+        self.run_op_by_op()
         fn = torch.compile(lambda x: (x.sin() * 2).sum(), backend="inductor")
         with torch._dynamo.config.patch(fake_mode_region_after_calls=1):
             with FakeTensorMode() as mode:
@@ -169,6 +191,7 @@ class CompileUnderFakeModeRegionTieringTests(CompileUnderFakeModeTestCase):
         self.assertEqual(counters["fake_mode"]["regions_failed"], 0)
 
     def test_view_outputs_keep_eager_metadata(self):
+        self.run_op_by_op()
         # A replayed region's outputs are fresh tensors: an entry whose outputs
         # are views of intermediates keeps running op by op.
         def fn(x):
@@ -186,6 +209,7 @@ class CompileUnderFakeModeRegionTieringTests(CompileUnderFakeModeTestCase):
     # A replayed output has version counter 0: an entry whose output was
     # written in place keeps running op by op, as eager counts that write.
     def test_outputs_written_in_place_keep_eager_versions(self):
+        self.run_op_by_op()
         def fn(x):
             return x.new_empty_strided(x.shape, x.stride()).fill_(2), (x + 1).mul_(3)
 
@@ -203,6 +227,7 @@ class CompileUnderFakeModeRegionTieringTests(CompileUnderFakeModeTestCase):
     # Tiering: the first calls run op by op, a hot entry gets regions.
     @parametrize("backend", BACKENDS)
     def test_first_calls_op_by_op_then_regions(self, backend):
+        self.run_op_by_op()
         def fn(x):
             return x.sin().cos().exp().sum(0)
 
@@ -235,6 +260,7 @@ class CompileUnderFakeModeRegionTieringTests(CompileUnderFakeModeTestCase):
 
     @parametrize("backend", BACKENDS)
     def test_regions_are_opt_in(self, backend):
+        self.run_op_by_op()
         # The shipped default builds no region however often an entry is
         # called: every call runs op by op, as the eager backend would.
         self.assertIsNone(self.shipped_region_after_calls)
@@ -255,6 +281,7 @@ class CompileUnderFakeModeRegionTieringTests(CompileUnderFakeModeTestCase):
         self.assertEqual(frames_compiled(), 1)
 
     def test_regions_of_symbolic_graphs_are_not_compiled(self):
+        self.run_op_by_op()
         fn = torch.compile(lambda x: x * 2, backend="eager", dynamic=True)
         with torch._dynamo.config.patch(fake_mode_region_after_calls=0):
             for n in (3, 4, 5):
@@ -263,6 +290,7 @@ class CompileUnderFakeModeRegionTieringTests(CompileUnderFakeModeTestCase):
         self.assertEqual(regions_compiled(), 0)
 
     def test_region_failure_is_logged_and_calls_still_work(self):
+        self.run_op_by_op()
         def failing_aot_autograd(**kwargs):
             raise RuntimeError("boom")
 
@@ -288,6 +316,7 @@ class CompileUnderFakeModeRegionTieringTests(CompileUnderFakeModeTestCase):
 
     # Memory: regions go with the compiled function.
     def test_region_cache_entries_go_with_the_compiled_function(self):
+        self.run_op_by_op()
         # Only this test's keys: before torch 2.14, reset() keeps the dispatch
         # cache, and an earlier test's regions may still be alive.
         before = set(region_cache_keys())

@@ -90,6 +90,7 @@ See Note [Inheriting the ambient FakeTensorMode] below.
 
 import contextlib
 import copy
+import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -97,13 +98,16 @@ from typing import Any, Optional, TYPE_CHECKING
 
 import torch
 from torch import fx
-from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, is_fake
 
 from . import config, fake_mode_compat as _compat
 
 
 if TYPE_CHECKING:
     from .output_graph import OutputGraph
+
+
+log = logging.getLogger(__name__)
 
 
 __all__ = [
@@ -113,6 +117,7 @@ __all__ = [
     "backend_graphs_for_fake_calls",
     "capture_ambient_fake_mode",
     "compile_unlowered",
+    "compile_unlowered_kernels",
     "state",
     "tracer_owns_call",
 ]
@@ -234,9 +239,26 @@ class FakeModeRuntime:
             node.meta = {}
         self.gm = fx.GraphModule(gm, graph)
         self.run: Callable[..., Any] = self.gm.forward
+        self.backend_graphs: Optional[BackendGraphs] = None
 
     def __call__(self, *args: Any) -> Any:
         return self.run(*args)
+
+    def run_backend_graphs(self, *args: Any) -> Any:
+        if _mixes_fake_modes(args):
+            # Eager raises on FakeTensors of different modes, and so do the
+            # captured graph's ops; AOTAutograd's runtime would abort.
+            return self.gm.forward(*args)
+        assert self.backend_graphs is not None
+        return self.backend_graphs(*args)
+
+
+def _mixes_fake_modes(args: Sequence[Any]) -> bool:
+    modes = {arg.fake_mode for arg in args if isinstance(arg, FakeTensor)}
+    ambient_mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    if ambient_mode is not None:
+        modes.add(ambient_mode)
+    return len(modes) > 1
 
 
 def make_runtime(gm: fx.GraphModule) -> FakeModeRuntime:
@@ -266,8 +288,57 @@ def compile_unlowered(gm: fx.GraphModule, example_inputs: Any, **kwargs: Any) ->
     return make_boxed_func(gm.forward)
 
 
+def compile_unlowered_kernels(
+    gm: fx.GraphModule, example_inputs: Any, **kwargs: Any
+) -> Any:
+    """
+    Inductor's inner_compile for fake calls: runs the graph, but writes the
+    inputs it mutates as Inductor's kernels do, without bumping their version
+    counters (AOTAutograd's runtime bumps them once, as eager's in-place op).
+    """
+    mutated = [
+        index
+        for index, placeholder in enumerate(gm.graph.find_nodes(op="placeholder"))
+        if any(
+            node.target is torch.ops.aten.copy_.default and node.args[0] is placeholder
+            for node in placeholder.users
+        )
+    ]
+
+    def run(args: list[Any]) -> Any:
+        with contextlib.ExitStack() as stack:
+            for index in mutated:
+                stack.enter_context(
+                    torch.autograd._unsafe_preserve_version_counter(args[index])
+                )
+            return gm.forward(*args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+def _missing_device(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Optional[str]:
+    """
+    A device type of the graph's tensors that this machine lacks. A backend's
+    pipeline needs it: the autograd engine traces a backward on FakeTensors of
+    a device type only where one exists (as eager's backward runs), and
+    Inductor's joint-graph passes fold constants on the device.
+    """
+    values = [
+        node.meta.get("example_value") for node in gm.graph.nodes
+    ] + list(example_inputs)
+    for device_type in {v.device.type for v in values if isinstance(v, torch.Tensor)}:
+        if device_type not in ("cpu", "meta") and not (
+            torch.get_device_module(device_type).is_available()
+        ):
+            return device_type
+    return None
+
+
 def backend_graphs_for_fake_calls(
-    gm: fx.GraphModule, build: Callable[[], Callable[..., Any]]
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    build: Callable[[], Callable[..., Any]],
 ) -> Callable[..., Any]:
     """
     Called by a backend built on AOTAutograd when compiling_for_fake_mode is
@@ -275,6 +346,14 @@ def backend_graphs_for_fake_calls(
     compile_unlowered as its compilers.
     """
     if not config.fake_mode_runs_backend_graphs:
+        return gm
+    if (device_type := _missing_device(gm, example_inputs)) is not None:
+        log.warning(
+            "A graph compiled for calls under a FakeTensorMode runs op by op "
+            "(eager's saved tensors, not the compiled run's): the backend's "
+            "graph pipeline needs a %s device, which this machine lacks",
+            device_type,
+        )
         return gm
     tracing_context = torch._guards.TracingContext.get()
     tracing_context.compiling_for_fake_mode = False
@@ -309,5 +388,6 @@ def compile_for_fake_calls(
     finally:
         tracing_context.compiling_for_fake_mode = False
     if isinstance(compiled_fn, BackendGraphs):
-        runtime.run = compiled_fn
+        runtime.backend_graphs = compiled_fn
+        runtime.run = runtime.run_backend_graphs
     return runtime

@@ -1,6 +1,8 @@
 """
-Opt-in regions: an entry compiled for fake calls and called many times is
-replayed as one op that FakeTensorMode's dispatch cache serves.
+Opt-in regions: an entry compiled for fake calls that runs op by op (the eager
+backend, custom backends, or config.fake_mode_runs_backend_graphs = False) and
+is called many times is replayed as one op that FakeTensorMode's dispatch cache
+serves. Entries that run a backend's graphs run them on every call.
 
 With config.fake_mode_region_after_calls = N, once an entry has made N calls
 that autograd does not record, made without other dispatch modes or functorch
@@ -114,6 +116,9 @@ class RegionFakeModeRuntime(FakeModeRuntime):
             self.calls = None
 
     def __call__(self, *args: Any) -> Any:
+        if self.backend_graphs is not None:
+            # The backend's graphs are not the captured graph a region replays.
+            return self.run(*args)
         if self.region is None:
             after_calls = config.fake_mode_region_after_calls
             if after_calls is None or self.calls is None or not _may_replay(args):

@@ -1,0 +1,365 @@
+# Owner(s): ["module: dynamo"]
+"""
+A fake call of a model compiled with a backend built on AOTAutograd predicts
+the real compiled run: the forward saves for backward what the compiled
+forward saves (the partitioner's choice: min-cut recomputation,
+activation_memory_budget, checkpointing and selective-checkpoint policies),
+the backward runs the compiled backward's ops, and outputs and gradients have
+the compiled run's metadata. Every figure is checked against a real compiled
+run of the same model on CPU. See Note [Inheriting the ambient FakeTensorMode]
+in torch/_dynamo/ambient_fake_mode.py
+"""
+
+import collections
+import functools
+import math
+
+import torch
+import torch._dynamo.test_case
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+)
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import (
+    checkpoint,
+    CheckpointPolicy,
+    create_selective_checkpoint_contexts,
+)
+
+
+BACKENDS = ["aot_eager", "inductor"]
+
+
+class MLP(nn.Module):
+    def __init__(self, dim=64, layers=3):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(dim, dim) for _ in range(layers))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x)) * torch.sigmoid(x)
+        return x
+
+
+class Block(nn.Module):
+    """A Llama-style block: RMSNorm, causal SDPA, SwiGLU, optional complex RoPE."""
+
+    def __init__(self, dim=64, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+        self.w1 = nn.Linear(dim, 2 * dim, bias=False)
+        self.w3 = nn.Linear(dim, 2 * dim, bias=False)
+        self.w2 = nn.Linear(2 * dim, dim, bias=False)
+        self.norm1 = nn.Parameter(torch.ones(dim))
+        self.norm2 = nn.Parameter(torch.ones(dim))
+
+    @staticmethod
+    def rms_norm(x, weight):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * weight
+
+    def forward(self, x, freqs_cis=None):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.rms_norm(x, self.norm1)).split(d, -1)
+        q, k, v = (y.view(b, t, self.heads, -1).transpose(1, 2) for y in (q, k, v))
+        if freqs_cis is not None:
+            q_ = torch.view_as_complex(q.float().reshape(*q.shape[:-1], -1, 2))
+            k_ = torch.view_as_complex(k.float().reshape(*k.shape[:-1], -1, 2))
+            q = torch.view_as_real(q_ * freqs_cis).flatten(3).type_as(v)
+            k = torch.view_as_real(k_ * freqs_cis).flatten(3).type_as(v)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.wo(attn.transpose(1, 2).reshape(b, t, d))
+        h = self.rms_norm(x, self.norm2)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+class Checkpointed(nn.Module):
+    def __init__(self, policy=None):
+        super().__init__()
+        self.block = Block()
+        self.policy = policy
+
+    def forward(self, x):
+        if self.policy is None:
+            return checkpoint(self.block, x, use_reentrant=False)
+        context_fn = functools.partial(
+            create_selective_checkpoint_contexts, self.policy
+        )
+        return checkpoint(self.block, x, use_reentrant=False, context_fn=context_fn)
+
+
+def save_matmuls_and_attention(ctx, op, *args, **kwargs):
+    if op in (
+        torch.ops.aten.mm.default,
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    ):
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def make_case(name):
+    """The model, its inputs, functorch config and autocast dtype of a case."""
+    torch.manual_seed(0)
+    config, autocast = {}, None
+    if name in ("mlp", "mlp_budget_0.5"):
+        model, inputs = MLP(), (torch.randn(32, 64, requires_grad=True),)
+        if name == "mlp_budget_0.5":
+            config = {"activation_memory_budget": 0.5}
+    else:
+        x = torch.randn(2, 16, 64, requires_grad=True)
+        inputs = (x,)
+        if name == "block":
+            model = Block()
+        elif name == "block_bf16_autocast":
+            model, autocast = Block(), torch.bfloat16
+        elif name == "complex_rope":
+            freqs = torch.polar(torch.ones(16, 8), torch.randn(16, 8))
+            model, inputs = Block(), (x, freqs)
+        elif name == "checkpoint":
+            model = Checkpointed()
+        elif name == "selective_checkpoint":
+            model = Checkpointed(save_matmuls_and_attention)
+        else:
+            raise KeyError(name)
+    return model, inputs, config, autocast
+
+
+CASES = [
+    "mlp",
+    "mlp_budget_0.5",
+    "block",
+    "block_bf16_autocast",
+    "complex_rope",
+    "checkpoint",
+    "selective_checkpoint",
+]
+
+
+def is_compute_op(func):
+    return torch.Tag.pointwise in func.tags or func in (
+        torch.ops.aten.mm.default,
+        torch.ops.aten.addmm.default,
+        torch.ops.aten.bmm.default,
+    )
+
+
+class ComputeOps(TorchDispatchMode):
+    """The compute ops (pointwise and matmuls) that run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if is_compute_op(func):
+            self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def graph_compute_ops(gm):
+    return collections.Counter(
+        str(node.target)
+        for node in gm.graph.nodes
+        if node.op == "call_function"
+        and isinstance(node.target, torch._ops.OpOverload)
+        and is_compute_op(node.target)
+    )
+
+
+def recording_inductor(backward_graphs):
+    """Inductor, recording the backward graphs it lowers."""
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    def inner_compile(gm, example_inputs, **kwargs):
+        if kwargs.get("is_backward"):
+            backward_graphs.append(gm)
+        return compile_fx_inner(gm, example_inputs, **kwargs)
+
+    def backend(gm, example_inputs):
+        return compile_fx(gm, example_inputs, inner_compile=inner_compile)
+
+    return backend
+
+
+def tensor_metadata(t):
+    return (tuple(t.shape), t.stride(), t.dtype, t.requires_grad)
+
+
+class Run:
+    """What one forward+backward of a compiled model did."""
+
+    def __init__(self, outputs, saved, backward_ops, grads):
+        self.outputs = [tensor_metadata(t) for t in outputs]
+        # What autograd saved for backward during the forward.
+        self.saved = sorted((tuple(t.shape), t.dtype) for t in saved)
+        self.saved_bytes = sum(math.prod(t.shape) * t.element_size() for t in saved)
+        self.backward_ops = backward_ops
+        self.grads = [tensor_metadata(g) for g in grads]
+
+
+def run_forward_backward(model, inputs, backend, autocast, backward_graphs=None):
+    compiled = torch.compile(model, backend=backend)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+            out = compiled(*inputs)
+    compute_ops = ComputeOps()
+    with compute_ops:
+        out.sum().backward()
+    if backward_graphs is not None:
+        # Inductor's kernels run no ops a mode could see: count the ops of
+        # the backward graph it lowered.
+        backward_ops = sum((graph_compute_ops(gm) for gm in backward_graphs), collections.Counter())
+    else:
+        backward_ops = compute_ops.ops
+    params = [p for p in model.parameters()]
+    grads = [t.grad for t in (*inputs, *params) if isinstance(t, torch.Tensor) and t.requires_grad]
+    return out, Run([out], saved, backward_ops, grads)
+
+
+class CompileUnderFakeModeFidelityTests(torch._dynamo.test_case.TestCase):
+    def real_and_fake_runs(self, case, backend):
+        model, inputs, config, autocast = make_case(case)
+        # No cache hit may skip the lowering that records the graphs.
+        config = {**config, "enable_autograd_cache": False}
+        with torch._functorch.config.patch(config):
+            backward_graphs = [] if backend == "inductor" else None
+            real_backend = (
+                recording_inductor(backward_graphs) if backend == "inductor" else backend
+            )
+            _, real = run_forward_backward(
+                model, inputs, real_backend, autocast, backward_graphs
+            )
+            model.zero_grad(set_to_none=True)
+            torch._dynamo.reset()
+            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                fake_inputs = [
+                    mode.from_tensor(t.detach()).requires_grad_(t.requires_grad)
+                    for t in inputs
+                ]
+                out, fake = run_forward_backward(model, fake_inputs, backend, autocast)
+        self.assertIsInstance(out, FakeTensor)
+        self.assertIs(out.fake_mode, mode)
+        return real, fake
+
+    @parametrize("backend", BACKENDS)
+    @parametrize("case", CASES)
+    def test_fake_call_predicts_the_compiled_run(self, case, backend):
+        real, fake = self.real_and_fake_runs(case, backend)
+        self.assertEqual(fake.saved, real.saved)
+        self.assertEqual(fake.saved_bytes, real.saved_bytes)
+        self.assertEqual(fake.backward_ops, real.backward_ops)
+        self.assertEqual(fake.outputs, real.outputs)
+        self.assertEqual(fake.grads, real.grads)
+
+    @parametrize("backend", BACKENDS)
+    def test_budget_below_one_saves_less_than_eager(self, backend):
+        # The estimate changes with the partitioner's budget, as the compiled
+        # run does: eager's figure is not the answer.
+        full, _ = self.real_and_fake_runs("mlp", backend)
+        _, half = self.real_and_fake_runs("mlp_budget_0.5", backend)
+        self.assertLess(half.saved_bytes, full.saved_bytes)
+        model, inputs, _, _ = make_case("mlp")
+        _, eager = run_forward_backward(model, inputs, "eager", None)
+        self.assertLess(half.saved_bytes, eager.saved_bytes)
+
+    def test_op_by_op_switch_predicts_eager(self):
+        model, inputs, _, _ = make_case("mlp_budget_0.5")
+        _, eager = run_forward_backward(model, inputs, "eager", None)
+        model.zero_grad(set_to_none=True)
+        with torch._functorch.config.patch(activation_memory_budget=0.5):
+            with torch._dynamo.config.patch(fake_mode_runs_backend_graphs=False):
+                with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                    x = mode.from_tensor(inputs[0].detach()).requires_grad_()
+                    _, fake = run_forward_backward(model, (x,), "inductor", None)
+        self.assertEqual(fake.saved, eager.saved)
+        self.assertEqual(fake.backward_ops, eager.backward_ops)
+
+    def test_custom_aot_backend_compilers_are_not_called(self):
+        # A custom aot_autograd backend's partitioner and decompositions shape
+        # the graphs a fake call runs; its compilers' artifacts, which need
+        # real tensors, are never built.
+        from functorch.compile import min_cut_rematerialization_partition
+
+        compiled_graphs = []
+
+        def compiler(gm, example_inputs):
+            compiled_graphs.append(gm)
+            return gm
+
+        backend = aot_autograd(
+            fw_compiler=compiler,
+            partition_fn=min_cut_rematerialization_partition,
+        )
+        counter = CompileCounterWithBackend(backend)
+        model, inputs, _, _ = make_case("mlp")
+        _, real = run_forward_backward(model, inputs, backend, None)
+        self.assertEqual(len(compiled_graphs), 2)
+        model.zero_grad(set_to_none=True)
+        torch._dynamo.reset()
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            x = mode.from_tensor(inputs[0].detach()).requires_grad_()
+            out, fake = run_forward_backward(model, (x,), counter, None)
+        self.assertIs(out.fake_mode, mode)
+        self.assertEqual(counter.frame_count, 1)
+        self.assertEqual(len(compiled_graphs), 2)
+        self.assertEqual(fake.saved, real.saved)
+        self.assertEqual(fake.backward_ops, real.backward_ops)
+
+    def test_fake_call_fills_no_cache_a_real_call_reads(self):
+        # The unlowered graphs of a fake call must never serve a real call,
+        # even with AOTAutograd's and Inductor's caches on.
+        model, inputs, _, _ = make_case("mlp")
+        compiled = torch.compile(model, backend="inductor")
+        with torch._functorch.config.patch(enable_autograd_cache=True):
+            with torch._inductor.config.patch(fx_graph_cache=True):
+                with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                    x = mode.from_tensor(inputs[0].detach()).requires_grad_()
+                    self.assertIs(compiled(x).fake_mode, mode)
+                torch._dynamo.reset()
+                compiled = torch.compile(model, backend="inductor")
+                out = compiled(*inputs)
+        self.assertNotIsInstance(out, FakeTensor)
+        self.assertEqual(out, model(*inputs))
+
+    @parametrize("backend", BACKENDS)
+    def test_fake_cuda_inputs_need_no_gpu(self, backend):
+        # The backend's pipeline needs the device (the autograd engine traces
+        # a backward only where it exists, as eager's backward runs; Inductor
+        # folds constants on it): without one, the graph runs op by op, and a
+        # warning says so.
+        with FakeTensorMode() as mode, torch.device("cuda"):
+            model, (x,), _, _ = make_case("block")
+            compiled = torch.compile(model, backend=backend)
+            if torch.cuda.is_available():
+                out = compiled(x)
+            else:
+                with self.assertLogs(
+                    "torch._dynamo.ambient_fake_mode", "WARNING"
+                ) as logs:
+                    out = compiled(x)
+                self.assertIn("needs a cuda device", logs.output[0])
+            self.assertEqual(out.device.type, "cuda")
+            self.assertEqual(out.shape, x.shape)
+            self.assertIs(out.fake_mode, mode)
+
+
+instantiate_parametrized_tests(CompileUnderFakeModeFidelityTests)
+
+
+if __name__ == "__main__":
+    from torch._dynamo.test_case import run_tests
+
+    run_tests()
