@@ -13,8 +13,9 @@ inductor's caches are all per process. The result is one JSON object on the last
 Scenarios:
   fake          build a preset under a FakeTensorMode and call it (forward under torch.no_grad(), or
                 forward+backward with --backward):
-                --mode eager (no compile), compile (torch.compile(model), --backend eager | aot_eager | inductor,
-                default inductor), or compile-wrap (compile with
+                --mode eager (no compile), compile (torch.compile(model), --backend eager | aot_eager | inductor
+                | anchor, default inductor; anchor is Inductor's graph pipeline without lowering: compile_fx with
+                an inner compile that returns the graph, issue 18's yardstick), or compile-wrap (compile with
                 torch._inductor.config.wrap_inductor_compiled_regions = True). The process makes after_calls + 1 +
                 --repeats calls (after_calls: torch._dynamo.config.fake_mode_region_after_calls, or --after-calls)
                 and reports every call's time, the RSS after each call, and on a patched torch the call that built
@@ -115,6 +116,17 @@ def _stock_inductor_skip(args: argparse.Namespace, info: dict) -> dict | None:
     return None
 
 
+def _anchor_backend(gm, example_inputs):
+    """Inductor's graph pipeline (decompositions, joint passes, partitioner) without lowering."""
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._inductor.compile_fx import compile_fx
+
+    def inner_compile(graph, inputs, **kwargs):
+        return make_boxed_func(graph.forward)
+
+    return compile_fx(gm, example_inputs, inner_compile=inner_compile)
+
+
 def run_fake(args: argparse.Namespace) -> dict:
     torch, info = _import_torch()
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -131,6 +143,8 @@ def run_fake(args: argparse.Namespace) -> dict:
         return result
     if args.mode == "compile-wrap":
         torch._inductor.config.wrap_inductor_compiled_regions = True
+    if args.op_by_op:
+        torch._dynamo.config.fake_mode_runs_backend_graphs = False
     result.update(_after_calls(torch, args))
     after_calls = result["after_calls"]
     # Calls 0 .. after_calls - 1 run op by op (call 0 compiles), call after_calls builds the regions on a patched
@@ -143,7 +157,8 @@ def run_fake(args: argparse.Namespace) -> dict:
         model, tokens = models.build(args.preset, seq=args.seq, dtype=dtype)
         result["build_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        fn = model if args.mode == "eager" else torch.compile(model, backend=args.backend)
+        backend = _anchor_backend if args.backend == "anchor" else args.backend
+        fn = model if args.mode == "eager" else torch.compile(model, backend=backend)
         # torch.compile() itself (lazy imports, no tracing yet); not part of any call's time.
         result["compile_call_s"] = time.perf_counter() - t0
 
@@ -213,7 +228,8 @@ def run_estimate(args: argparse.Namespace) -> dict:
         labels = torch.randint(0, models.PRESETS[args.preset].vocab, tokens.shape)
         result["build_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        fn = model if args.mode == "eager" else torch.compile(model, backend=args.backend)
+        backend = _anchor_backend if args.backend == "anchor" else args.backend
+        fn = model if args.mode == "eager" else torch.compile(model, backend=backend)
         # torch.compile() itself (lazy imports, no tracing yet); not part of the steps' time.
         result["compile_call_s"] = time.perf_counter() - t0
         optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
@@ -351,8 +367,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("fake", help="a preset under FakeTensorMode: eager, compile, or compile-wrap")
     p.add_argument("--preset", default="tiny", choices=["tiny", "7B", "70B"])
     p.add_argument("--mode", default="eager", choices=["eager", "compile", "compile-wrap"])
-    p.add_argument("--backend", default="inductor", choices=["eager", "aot_eager", "inductor"],
+    p.add_argument("--backend", default="inductor", choices=["eager", "aot_eager", "inductor", "anchor"],
                    help="torch.compile backend for --mode compile (compile-wrap is inductor)")
+    p.add_argument("--op-by-op", action="store_true",
+                   help="patched torch: fake_mode_runs_backend_graphs = False (run every graph op by op)")
     p.add_argument("--backward", action="store_true", help="forward + backward of mean(logits)")
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--dtype", default="float32")

@@ -9,7 +9,15 @@ test/dynamo/test_compile_under_fake_mode_memory_estimation.py.
 
 Each estimate runs in a fresh process (the first estimate in a process differs
 from later ones, compile or not), and the script prints the tracker's peak per
-category for compile off and for each backend.
+category for compile off and for each backend. Under the tracker (a dispatch
+mode) the compiled blocks run eagerly, so that table is eager's memory.
+
+A second table shows what compile changes: the activations the forward saves
+for backward (the same Llama, per-block torch.compile, one forward, measured
+with saved_tensors_hooks, which is not a dispatch mode, so the compiled
+blocks run), for a fake call under FakeTensorMode and for a real compiled run
+on CPU. AOTAutograd's partitioner decides what is saved, so compile on and
+off differ there, and the fake call must predict the real compiled run.
 
     .venv/bin/python tools/estimate_memory.py [--backends eager aot_eager inductor]
 """
@@ -43,24 +51,66 @@ def estimate(backend: str | None) -> dict:
     return {"peak": peak["cpu"], "frames": frames, "torch": torch.__version__}
 
 
+def saved_for_backward(backend: str | None, fake: bool) -> dict:
+    """What one forward of the estimator's Llama saves for backward: count and bytes."""
+    import contextlib
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    sys.path.insert(0, TEST_DIR)
+    from test_compile_under_fake_mode_memory_estimation import apply_compile, Transformer
+
+    torch.manual_seed(0)
+    model = Transformer()
+    if backend is not None:
+        apply_compile(model, backend)
+    tokens = torch.randint(0, 256, (2, 16))
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+    with mode:
+        if fake:
+            tokens = mode.from_tensor(tokens)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = model(tokens)
+        out.float().sum().backward()
+    return {"count": len(saved), "bytes": sum(saved), "torch": torch.__version__}
+
+
+def run_one(kind: str, backend: str) -> dict | None:
+    proc = subprocess.run([sys.executable, __file__, kind, backend], capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ESTIMATE ")]
+    if proc.returncode or not lines:
+        print(f"error: {kind} {backend} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
+        return None
+    return json.loads(lines[-1][len("ESTIMATE "):])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backends", nargs="+", default=["eager", "aot_eager", "inductor"])
-    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one estimate, print JSON
+    # internal: run one estimate, print JSON
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--saved-fake", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--saved-real", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.one is not None:
-        print("ESTIMATE " + json.dumps(estimate(None if args.one == "off" else args.one)))
-        return 0
+    for kind, value in (("one", args.one), ("saved_fake", args.saved_fake), ("saved_real", args.saved_real)):
+        if value is not None:
+            backend = None if value == "off" else value
+            result = estimate(backend) if kind == "one" else saved_for_backward(backend, kind == "saved_fake")
+            print("ESTIMATE " + json.dumps(result))
+            return 0
     rows = {}
     for backend in ["off", *args.backends]:
         print(f"==> estimating with compile {'off' if backend == 'off' else backend}", flush=True)
-        proc = subprocess.run([sys.executable, __file__, "--one", backend], capture_output=True, text=True)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ESTIMATE ")]
-        if proc.returncode or not lines:
-            print(f"error: the estimate with compile {backend} failed (exit {proc.returncode}):\n"
-                  f"{proc.stderr[-3000:]}", file=sys.stderr)
+        if (row := run_one("--one", backend)) is None:
             return 1
-        rows[backend] = json.loads(lines[-1][len("ESTIMATE "):])
+        rows[backend] = row
     kinds = list(rows["off"]["peak"])
     print(f"\nPeak memory per category, bytes (torch {rows['off']['torch']}, FSDPMemTracker, rank 0 of 8)\n")
     print("| compile | " + " | ".join(k.replace("_FSDPRefType.", "") for k in kinds) + " | frames compiled |")
@@ -68,8 +118,28 @@ def main(argv: list[str] | None = None) -> int:
     for backend, row in rows.items():
         print(f"| {backend} | " + " | ".join(f"{row['peak'][k]:,}" for k in kinds) + f" | {row['frames']} |")
     same = all(row["peak"] == rows["off"]["peak"] for row in rows.values())
-    print(f"\n{'the same' if same else 'DIFFERENT'} estimate with compile on as with compile off")
-    return 0 if same else 1
+    print(f"\n{'the same' if same else 'DIFFERENT'} estimate with compile on as with compile off"
+          " (under the tracker the compiled blocks run eagerly)")
+
+    saved = {}
+    for backend in ["off", *args.backends]:
+        print(f"==> saved for backward, compile {backend}: fake call, then a real run on CPU", flush=True)
+        fake, real = run_one("--saved-fake", backend), run_one("--saved-real", backend)
+        if fake is None or real is None:
+            return 1
+        saved[backend] = (fake, real)
+    print("\nSaved for backward by one forward (saved_tensors_hooks; count, bytes)\n")
+    print("| compile | fake call | real run on CPU | fake predicts real |")
+    print("|---|---|---|---|")
+    predicted = True
+    for backend, (fake, real) in saved.items():
+        match = (fake["count"], fake["bytes"]) == (real["count"], real["bytes"])
+        predicted &= match
+        print(f"| {backend} | {fake['count']}, {fake['bytes']:,} | {real['count']}, {real['bytes']:,} | "
+              f"{'yes' if match else 'NO'} |")
+    print("\nCompile changes what is saved where AOTAutograd's partitioner saves other tensors than eager"
+          " (inductor's min-cut recomputes cheap ops in backward).")
+    return 0 if same and predicted else 1
 
 
 if __name__ == "__main__":
