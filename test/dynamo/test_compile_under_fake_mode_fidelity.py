@@ -347,6 +347,75 @@ class CompileUnderFakeModeFidelityTests(torch._dynamo.test_case.TestCase):
         self.assertNotIsInstance(out, FakeTensor)
         self.assertEqual(out, model(*inputs))
 
+    # Cases where AOTAutograd's runtime meets FakeTensors as eager does not.
+    @parametrize("backend", BACKENDS)
+    def test_backward_after_leaving_the_mode(self, backend):
+        with FakeTensorMode() as mode:
+            lin = nn.Linear(8, 8)
+            x = torch.randn(4, 8, requires_grad=True)
+            out = torch.compile(lambda x: lin(x).relu(), backend=backend)(x)
+        # The tangent of sum() is an expanded tensor that AOTAutograd copies;
+        # relu's backward makes a scalar tensor.
+        out.sum().backward()
+        self.assertIs(lin.weight.grad.fake_mode, mode)
+        self.assertIs(x.grad.fake_mode, mode)
+
+    @parametrize("backend", BACKENDS)
+    def test_fake_inputs_without_an_active_mode(self, backend):
+        with FakeTensorMode() as mode:
+            lin = nn.Linear(8, 8)
+            x = torch.randn(4, 8, requires_grad=True)
+        out = torch.compile(lambda x: lin(x).relu() * 2, backend=backend)(x)
+        out.sum().backward()
+        self.assertIs(out.fake_mode, mode)
+        self.assertIs(lin.weight.grad.fake_mode, mode)
+
+    @parametrize("backend", BACKENDS)
+    def test_input_mutation_under_inference_mode(self, backend):
+        def fn(x):
+            x.add_(1)
+            return x * 2
+
+        with FakeTensorMode() as mode, torch.inference_mode():
+            x = torch.randn(4)
+            out = torch.compile(fn, backend=backend)(x)
+        self.assertIs(out.fake_mode, mode)
+        self.assertTrue(out.is_inference())
+
+    @parametrize("backend", BACKENDS)
+    def test_data_dependent_sizes_run_op_by_op(self, backend):
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        def fn(x, w):
+            return (w[torch.nonzero(x > 0).squeeze(-1)] * 2).sin()
+
+        with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+            with FakeTensorMode(shape_env=ShapeEnv()) as mode:
+                x, w = torch.randn(8), torch.randn(8, 4, requires_grad=True)
+                with self.assertLogs(
+                    "torch._dynamo.ambient_fake_mode", "WARNING"
+                ) as logs:
+                    out = torch.compile(fn, backend=backend, fullgraph=True)(x, w)
+                out.sum().backward()
+        self.assertIn("data-dependent sizes", logs.output[0])
+        self.assertIs(out.fake_mode, mode)
+        self.assertEqual(w.grad.shape, w.shape)
+
+    def test_freezing_keeps_the_users_parameters(self):
+        # A dry run never changes the model a later real call runs (freezing
+        # would discard the parameters it folded).
+        model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)).eval()
+        x = torch.randn(4, 8)
+        with torch.no_grad(), torch._inductor.config.patch(
+            freezing=True, freezing_discard_parameters=True
+        ):
+            ref = model(x)
+            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                out = torch.compile(model)(torch.randn(4, 8))
+            self.assertIs(out.fake_mode, mode)
+            self.assertIsInstance(model[0].weight, nn.Parameter)
+            self.assertEqual(model(x), ref)
+
     @parametrize("backend", BACKENDS)
     def test_fake_cuda_inputs_need_no_gpu(self, backend):
         # The backend's pipeline needs the device (the autograd engine traces

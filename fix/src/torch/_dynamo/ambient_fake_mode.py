@@ -43,9 +43,13 @@ See Note [Inheriting the ambient FakeTensorMode] below.
 # (compile_unlowered), and answers with BackendGraphs: AOTAutograd's runtime
 # over the forward and backward graphs it built, which Dynamo runs under the
 # caller's FakeTensorMode. What the forward saves, what the backward
-# recomputes, the outputs' metadata and the ops a dispatch mode sees are the
-# compiled run's. A backend's own compilers are not called: their artifacts
-# would not run on FakeTensors. Nothing the pipeline builds is cached.
+# recomputes and the outputs' metadata are the compiled run's; a dispatch mode
+# sees the graphs' ops (Inductor's kernels would hide all but its extern
+# kernels). A backend's own compilers are not called: their artifacts would
+# not run on FakeTensors. Nothing the pipeline builds is cached. Graphs whose
+# tensors live on a device type this machine lacks (the autograd engine and
+# Inductor's constant folding need it: estimate a cuda model where a GPU is)
+# or that have data-dependent sizes run op by op, with a warning.
 # Every other backend (eager, custom ones) and config.fake_mode_runs_backend_graphs
 # = False run Dynamo's own copy of the captured graph (the backend may rewrite
 # the one it is given) op by op, exactly as the eager backend would: nothing
@@ -64,7 +68,8 @@ See Note [Inheriting the ambient FakeTensorMode] below.
 # called for fake pay nothing. A guard_filter_fn may drop any guard
 # (skip_all_guards_unsafe drops them all, and the entry must then have none):
 # a frame compiled for real calls under one tells fake calls apart when they
-# run, and a fake entry serves a real call op by op, which gives real results.
+# run, and a fake entry serves a real call with what it runs for fake calls
+# (unlowered graphs or the captured graph), which gives real results.
 # Entries compiled under a user's FakeTensorMode count toward recompile limits
 # of their own (cache_size.py), so a dry run never makes a later real call
 # run eagerly. The price of guarding only what needs it: a real entry with a
@@ -283,9 +288,26 @@ def compile_unlowered(gm: fx.GraphModule, example_inputs: Any, **kwargs: Any) ->
     An AOTAutograd compiler, or Inductor inner_compile, that lowers nothing:
     the graph it is given is what runs.
     """
-    from torch._functorch.aot_autograd import make_boxed_func
+    def run(args: list[Any]) -> Any:
+        with _fake_mode_of(args):
+            return gm.forward(*args)
 
-    return make_boxed_func(gm.forward)
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+def _fake_mode_of(args: Sequence[Any]) -> Any:
+    """
+    The mode of the FakeTensors a graph runs on when no FakeTensorMode is
+    active (fake inputs called outside their mode, a backward run after
+    leaving it): the factory ops of a backend's decompositions must make
+    FakeTensors too.
+    """
+    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None:
+        for arg in args:
+            if isinstance(arg, FakeTensor):
+                return arg.fake_mode
+    return contextlib.nullcontext()
 
 
 def compile_unlowered_kernels(
@@ -307,10 +329,13 @@ def compile_unlowered_kernels(
 
     def run(args: list[Any]) -> Any:
         with contextlib.ExitStack() as stack:
+            stack.enter_context(_fake_mode_of(args))
             for index in mutated:
-                stack.enter_context(
-                    torch.autograd._unsafe_preserve_version_counter(args[index])
-                )
+                # Inference tensors have no version counter.
+                if not args[index].is_inference():
+                    stack.enter_context(
+                        torch.autograd._unsafe_preserve_version_counter(args[index])
+                    )
             return gm.forward(*args)
 
     run._boxed_call = True  # type: ignore[attr-defined]
@@ -328,11 +353,24 @@ def _missing_device(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Option
         node.meta.get("example_value") for node in gm.graph.nodes
     ] + list(example_inputs)
     for device_type in {v.device.type for v in values if isinstance(v, torch.Tensor)}:
-        if device_type not in ("cpu", "meta") and not (
-            torch.get_device_module(device_type).is_available()
-        ):
+        if device_type in ("cpu", "meta"):
+            continue
+        try:
+            available = torch.get_device_module(device_type).is_available()
+        except (AttributeError, RuntimeError):
+            available = False
+        if not available:
             return device_type
     return None
+
+
+def _has_data_dependent_sizes(gm: fx.GraphModule) -> bool:
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    return any(
+        free_unbacked_symbols(node.meta.get("example_value"))
+        for node in gm.graph.nodes
+    )
 
 
 def backend_graphs_for_fake_calls(
@@ -348,21 +386,30 @@ def backend_graphs_for_fake_calls(
     if not config.fake_mode_runs_backend_graphs:
         return gm
     if (device_type := _missing_device(gm, example_inputs)) is not None:
+        why = f"the backend's graph pipeline needs a {device_type} device, which this machine lacks"
+    elif _has_data_dependent_sizes(gm):
+        why = "AOTAutograd's runtime cannot run graphs with data-dependent sizes on FakeTensors"
+    else:
+        why = None
+    if why is not None:
         log.warning(
             "A graph compiled for calls under a FakeTensorMode runs op by op "
-            "(eager's saved tensors, not the compiled run's): the backend's "
-            "graph pipeline needs a %s device, which this machine lacks",
-            device_type,
+            "(eager's saved tensors, not the compiled run's): %s",
+            why,
         )
         return gm
     tracing_context = torch._guards.TracingContext.get()
+    compiling_for_fake_mode = tracing_context.compiling_for_fake_mode
     tracing_context.compiling_for_fake_mode = False
     try:
-        # An unlowered artifact must never serve a real compile.
-        with torch._functorch.config.patch(enable_autograd_cache=False):
+        # An unlowered artifact must never serve a real compile, and the
+        # user's parameters stay (Inductor's freezing would discard them).
+        with torch._functorch.config.patch(
+            enable_autograd_cache=False
+        ), torch._inductor.config.patch(freezing_discard_parameters=False):
             compiled_fn = build()
     finally:
-        tracing_context.compiling_for_fake_mode = True
+        tracing_context.compiling_for_fake_mode = compiling_for_fake_mode
     return BackendGraphs(compiled_fn)
 
 
