@@ -398,6 +398,9 @@ def backend_graphs_for_fake_calls(
             why,
         )
         return gm
+    import torch._functorch.config
+    import torch._inductor.config
+
     tracing_context = torch._guards.TracingContext.get()
     compiling_for_fake_mode = tracing_context.compiling_for_fake_mode
     tracing_context.compiling_for_fake_mode = False
