@@ -424,15 +424,15 @@ class CompileUnderFakeModeFidelityTests(torch._dynamo.test_case.TestCase):
     @parametrize("backend", BACKENDS)
     def test_fake_cuda_inputs_need_no_gpu(self, backend):
         # The backend's pipeline needs the device (the autograd engine traces
-        # a backward only where it exists, as eager's backward runs; Inductor
-        # folds constants on it): without one, the graph runs op by op, and a
-        # warning says so.
-        # An MLP: attention over fake cuda tensors asks for a device on 2.8.
+        # a backward only where it exists; Inductor folds constants on it):
+        # without one, the graph runs op by op, and a warning says so. An
+        # MLP, under no_grad: before 2.10, tracing attention or autograd over
+        # fake cuda tensors asks for a device, in eager too.
         with torch.device("meta"):
             model, (x,), _, _ = make_case("mlp")
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.no_grad():
             model = model.to_empty(device="cuda")
-            x = torch.empty(x.shape, device="cuda", requires_grad=True)
+            x = torch.empty(x.shape, device="cuda")
             compiled = torch.compile(model, backend=backend)
             if torch.cuda.is_available():
                 out = compiled(x)
