@@ -78,7 +78,8 @@ def test_every_folder_but_the_default_oldest_first(tmp_path):
         f"--junitxml={out / '2.9.1' / 'patched.xml'} test/test_stock_shows_the_bug.py",
         f"  6 contract {vpy} -m pytest -q -p no:cacheprovider -rfEs -n 2 --junitxml={out / '2.9.1' / 'contract.xml'} "
         "test/dynamo/test_compile_under_fake_mode.py test/dynamo/test_compile_under_fake_mode_guards.py "
-        "test/dynamo/test_compile_under_fake_mode_backends.py test/dynamo/test_compile_under_fake_mode_trackers.py "
+        "test/dynamo/test_compile_under_fake_mode_backends.py test/dynamo/test_compile_under_fake_mode_fidelity.py "
+        "test/dynamo/test_compile_under_fake_mode_trackers.py "
         "test/dynamo/test_compile_under_fake_mode_memory_estimation.py "
         "test/dynamo/test_compile_under_fake_mode_optimizer.py test/dynamo/test_compile_under_fake_mode_regions.py",
         f"  7 cleanup  rm -rf {out / 'venv-2.9.1'}",
