@@ -243,18 +243,16 @@ class FakeModeRuntime:
         for node in graph.nodes:
             node.meta = {}
         self.gm = fx.GraphModule(gm, graph)
-        self.run: Callable[..., Any] = self.gm.forward
         self.backend_graphs: Optional[BackendGraphs] = None
 
     def __call__(self, *args: Any) -> Any:
         return self.run(*args)
 
-    def run_backend_graphs(self, *args: Any) -> Any:
-        if _mixes_fake_modes(args):
-            # Eager raises on FakeTensors of different modes, and so do the
-            # captured graph's ops; AOTAutograd's runtime would abort.
+    def run(self, *args: Any) -> Any:
+        # Eager raises on FakeTensors of different modes, and so do the
+        # captured graph's ops; AOTAutograd's runtime would abort.
+        if self.backend_graphs is None or _mixes_fake_modes(args):
             return self.gm.forward(*args)
-        assert self.backend_graphs is not None
         return self.backend_graphs(*args)
 
 
@@ -288,8 +286,24 @@ def compile_unlowered(gm: fx.GraphModule, example_inputs: Any, **kwargs: Any) ->
     An AOTAutograd compiler, or Inductor inner_compile, that lowers nothing:
     the graph it is given is what runs.
     """
+    return _boxed_run(gm, mutated=())
+
+
+def _boxed_run(gm: fx.GraphModule, mutated: Sequence[int]) -> Callable[..., Any]:
+    """
+    Runs gm boxed, under its inputs' FakeTensorMode if none is active, keeping
+    the version counters of the inputs at the indices in mutated.
+    """
+
     def run(args: list[Any]) -> Any:
-        with _fake_mode_of(args):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_fake_mode_of(args))
+            for index in mutated:
+                # Inference tensors have no version counter.
+                if not args[index].is_inference():
+                    stack.enter_context(
+                        torch.autograd._unsafe_preserve_version_counter(args[index])
+                    )
             return gm.forward(*args)
 
     run._boxed_call = True  # type: ignore[attr-defined]
@@ -326,20 +340,7 @@ def compile_unlowered_kernels(
             for node in placeholder.users
         )
     ]
-
-    def run(args: list[Any]) -> Any:
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(_fake_mode_of(args))
-            for index in mutated:
-                # Inference tensors have no version counter.
-                if not args[index].is_inference():
-                    stack.enter_context(
-                        torch.autograd._unsafe_preserve_version_counter(args[index])
-                    )
-            return gm.forward(*args)
-
-    run._boxed_call = True  # type: ignore[attr-defined]
-    return run
+    return _boxed_run(gm, mutated)
 
 
 def _missing_device(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Optional[str]:
@@ -439,5 +440,4 @@ def compile_for_fake_calls(
         tracing_context.compiling_for_fake_mode = False
     if isinstance(compiled_fn, BackendGraphs):
         runtime.backend_graphs = compiled_fn
-        runtime.run = runtime.run_backend_graphs
     return runtime
