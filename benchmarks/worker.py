@@ -258,6 +258,18 @@ def run_estimate(args: argparse.Namespace) -> dict:
     return result
 
 
+CACHE_HIT_VARIANTS = ["one", "eight", "linear", "one-filtered", "eight-filtered", "linear-filtered"]
+
+
+def _compile_cache_hit_case(torch, variant: str, backend: str):
+    """The compiled function of a cache-hit variant and its inputs. A -filtered variant is compiled under
+    guard_filter_fn=skip_all_guards_unsafe (written out: releases before 2.8 lack it), so its entry holds no guard."""
+    base, _, filtered = variant.partition("-")
+    fn, inputs = _cache_hit_case(torch, base)
+    options = {"guard_filter_fn": lambda entries: [False] * len(entries)} if filtered else None
+    return torch.compile(fn, backend=backend, options=options), inputs
+
+
 def _cache_hit_case(torch, variant: str):
     if variant == "one":
         def f(x):
@@ -277,8 +289,7 @@ def _cache_hit_case(torch, variant: str):
 def run_cache_hit(args: argparse.Namespace) -> dict:
     torch, info = _import_torch()
     result = dict(info)
-    fn, inputs = _cache_hit_case(torch, args.variant)
-    compiled = torch.compile(fn, backend=args.backend)
+    compiled, inputs = _compile_cache_hit_case(torch, args.variant, args.backend)
     t0 = time.perf_counter()
     with torch.no_grad() if args.no_grad else _nullcontext():
         compiled(*inputs)
@@ -319,8 +330,7 @@ def run_callgrind(args: argparse.Namespace) -> dict:
         return result
     cases = []
     for variant in args.variants:
-        fn, inputs = _cache_hit_case(torch, variant)
-        compiled = torch.compile(fn, backend=args.backend)
+        compiled, inputs = _compile_cache_hit_case(torch, variant, args.backend)
         for _ in range(args.warmup):
             compiled(*inputs)
         cases.append((compiled, inputs))
@@ -396,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=run_estimate)
 
     p = sub.add_parser("cache-hit", help="per-call cost of a compiled function on real tensors")
-    p.add_argument("--variant", default="one", choices=["one", "eight", "linear"])
+    p.add_argument("--variant", default="one", choices=CACHE_HIT_VARIANTS)
     p.add_argument("--backend", default="inductor")
     p.add_argument("--calls", type=int, default=1000, help="calls per timed block")
     p.add_argument("--warmup", type=int, default=100)
@@ -405,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=run_cache_hit)
 
     p = sub.add_parser("callgrind", help="cache-hit calls counted in callgrind windows (run under valgrind)")
-    p.add_argument("--variants", nargs="+", default=["one", "eight", "linear"], choices=["one", "eight", "linear"])
+    p.add_argument("--variants", nargs="+", default=CACHE_HIT_VARIANTS, choices=CACHE_HIT_VARIANTS)
     p.add_argument("--backend", default="eager")
     p.add_argument("--calls", type=int, default=1000, help="calls counted per variant")
     p.add_argument("--warmup", type=int, default=200)

@@ -161,9 +161,49 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
             else:
                 self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
         self.assertEqual(frames_compiled(), 1)
-        # Inductor's code serves the real calls if the entry was compiled for
-        # them; an entry compiled for fake serves them op by op.
-        self.assertEqual(self.inductor_compiles, 1 if first == "real" else 0)
+        # Inductor's code serves the real calls whichever kind of call came
+        # first: an entry compiled for fake has Inductor compile the graph on
+        # its first real call.
+        self.assertEqual(self.inductor_compiles, 1)
+
+    # One entry serves both kinds of call under a guard filter, and each kind
+    # runs what the backend builds for it: a fake call predicts the compiled
+    # run (Inductor's partitioner recomputes the pointwise ops, so the forward
+    # saves only its input, where eager saves three tensors), a real call runs
+    # Inductor's code, in either order.
+    @parametrize("first", ["real", "fake"])
+    def test_guard_filter_each_kind_of_call_runs_what_the_backend_builds(self, first):
+        def skip_all_guards_unsafe(guard_entries):
+            return [False] * len(guard_entries)
+
+        fn = torch.compile(
+            lambda x: x.sin().cos().sin(),
+            backend="inductor",
+            options={"guard_filter_fn": skip_all_guards_unsafe},
+        )
+
+        def saved_by_forward(x):
+            saved = []
+            with torch.autograd.graph.saved_tensors_hooks(
+                lambda t: saved.append(t) or t, lambda t: t
+            ):
+                out = fn(x)
+            out.sum().backward()
+            return len(saved)
+
+        mode = FakeTensorMode()
+        for kind in [first, "fake" if first == "real" else "real"] * 2:
+            if kind == "real":
+                x = torch.randn(8, requires_grad=True)
+                self.assertEqual(saved_by_forward(x), 1)
+                self.assertEqual(x.grad, (x.sin().cos().cos() * -x.sin().sin() * x.cos()))
+            else:
+                with mode:
+                    x = torch.randn(8, requires_grad=True)
+                    self.assertEqual(saved_by_forward(x), 1)
+                self.assertIs(x.grad.fake_mode, mode)
+        self.assertEqual(frames_compiled(), 1)
+        self.assertEqual(self.inductor_compiles, 2)  # forward and backward
 
     @parametrize("backend", BACKENDS)
     def test_real_entries_guards_unchanged(self, backend):

@@ -66,10 +66,12 @@ See Note [Inheriting the ambient FakeTensorMode] below.
 # already called for fake that none of the frame's own tensor arguments
 # reaches (a module with real parameters called with an int). Frames never
 # called for fake pay nothing. A guard_filter_fn may drop any guard
-# (skip_all_guards_unsafe drops them all, and the entry must then have none):
-# a frame compiled for real calls under one tells fake calls apart when they
-# run, and a fake entry serves a real call with what it runs for fake calls
-# (unlowered graphs or the captured graph), which gives real results.
+# (skip_all_guards_unsafe drops them all, and the entry must then have none),
+# and then one entry serves both kinds of call: a real entry tells fake calls
+# apart when they run, a fake entry real ones, and the backend is called once
+# more on the first call of the other kind (DeferredCompile), so that each
+# kind runs what the backend builds for it: a real call the backend's
+# artifact, at its speed, a fake call the backend's graphs.
 # Entries compiled under a user's FakeTensorMode count toward recompile limits
 # of their own (cache_size.py), so a dry run never makes a later real call
 # run eagerly. The price of guarding only what needs it: a real entry with a
@@ -117,12 +119,14 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "BackendGraphs",
+    "DeferredCompile",
     "FakeCalls",
     "FakeModeRuntime",
     "backend_graphs_for_fake_calls",
     "capture_ambient_fake_mode",
     "compile_unlowered",
     "compile_unlowered_kernels",
+    "called_with_fakes",
     "state",
     "tracer_owns_call",
 ]
@@ -244,16 +248,114 @@ class FakeModeRuntime:
             node.meta = {}
         self.gm = fx.GraphModule(gm, graph)
         self.backend_graphs: Optional[BackendGraphs] = None
+        # Under a guard_filter_fn, what builds the backend's graphs on the
+        # first fake call of a real entry, and what the backend compiles on
+        # the first real call of a fake entry (see DeferredCompile).
+        self.backend_graphs_later: Optional[DeferredCompile] = None
+        self.real_calls: Optional[DeferredCompile] = None
 
     def __call__(self, *args: Any) -> Any:
         return self.run(*args)
 
     def run(self, *args: Any) -> Any:
+        if self.real_calls is not None and not called_with_fakes(args):
+            return self.real_calls.compiled()(*args)
+        if self.backend_graphs_later is not None:
+            if config.fake_mode_runs_backend_graphs:
+                built = self.backend_graphs_later.compiled()
+                if isinstance(built, BackendGraphs):
+                    self.backend_graphs = built
+            self.backend_graphs_later = None
         # Eager raises on FakeTensors of different modes, and so do the
         # captured graph's ops; AOTAutograd's runtime would abort.
         if self.backend_graphs is None or _mixes_fake_modes(args):
             return self.gm.forward(*args)
         return self.backend_graphs(*args)
+
+
+def called_with_fakes(args: Sequence[Any]) -> bool:
+    """A call under a FakeTensorMode, or on FakeTensors made by one."""
+    return torch._C._get_dispatch_mode(
+        torch._C._TorchDispatchModeKey.FAKE
+    ) is not None or any(isinstance(arg, FakeTensor) for arg in args)
+
+
+class DeferredCompile:
+    """
+    The backend called once more, on the first call that needs it, as Dynamo
+    called it for the frame. A guard_filter_fn may drop the guards that keep
+    real and fake calls apart (skip_all_guards_unsafe drops them all), and
+    then one entry serves both kinds of call: each runs what the backend
+    builds for it, a real call the backend's artifact and a fake call the
+    backend's graphs, whichever kind of call compiled the frame. Holds a copy
+    of the graph the backend is given (it may rewrite that one in place), the
+    example inputs and the TracingContext, until it has compiled.
+    """
+
+    def __init__(
+        self,
+        output_graph: "OutputGraph",
+        gm: fx.GraphModule,
+        example_inputs: Sequence[Any],
+        *,
+        for_fake_calls: bool,
+    ) -> None:
+        self.compiler_fn = output_graph.compiler_fn
+        self.gm = _copy_for_backend(output_graph, gm)
+        self.example_inputs = list(example_inputs)
+        self.tracing_context = output_graph.tracing_context
+        # The global state (grad mode, autocast) the frame was called under.
+        self.frame_state = self.tracing_context.global_context.copy_graphstate()
+        self.for_fake_calls = for_fake_calls
+        self.compiled_fn: Optional[Callable[..., Any]] = None
+
+    def compiled(self) -> Callable[..., Any]:
+        if self.compiled_fn is not None:
+            return self.compiled_fn
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        from .convert_frame import compile_lock
+        from .output_graph import OutputGraph
+
+        with compile_lock, _disable_current_modes():
+            if self.compiled_fn is not None:
+                return self.compiled_fn
+            context = self.tracing_context
+            now: dict[str, Any] = {}
+            OutputGraph.save_global_state(None, out=now)  # type: ignore[arg-type]
+            context.global_context.restore_graphstate(self.frame_state)
+            context.compiling_for_fake_mode = (
+                self.for_fake_calls and not config.compile_backend_under_fake_mode
+            )
+            try:
+                with torch._guards.tracing(context):
+                    compiled_fn = self.compiler_fn(self.gm, self.example_inputs)
+            finally:
+                context.compiling_for_fake_mode = False
+                context.global_context.restore_graphstate(
+                    type(self.frame_state)(now)
+                )
+            self.compiled_fn = compiled_fn
+            del self.gm, self.example_inputs, self.tracing_context
+        return compiled_fn
+
+
+def _copy_for_backend(output_graph: "OutputGraph", gm: fx.GraphModule) -> fx.GraphModule:
+    """
+    A copy of the graph Dynamo gives the backend, with what Dynamo sets on it
+    before the call (OutputGraph._call_user_compiler); node metadata is shared.
+    """
+    from torch.fx._lazy_graph_module import _make_graph_module
+
+    copied = _make_graph_module(gm, copy.deepcopy(gm.graph))
+    copied.meta = dict(gm.meta)
+    copied._param_name_to_source = output_graph.param_name_to_source  # type: ignore[assignment]
+    copied._source_to_user_stacks = getattr(output_graph, "source_to_user_stacks", None)  # type: ignore[assignment]
+    copied.compile_subgraph_reason = getattr(gm, "compile_subgraph_reason", None)  # type: ignore[assignment]
+    for node in copied.graph.find_nodes(op="placeholder"):
+        if "grapharg" in node.meta:
+            node._dynamo_source = node.meta["grapharg"].source  # type: ignore[attr-defined]
+    return copied
 
 
 def _mixes_fake_modes(args: Sequence[Any]) -> bool:
@@ -426,6 +528,10 @@ def compile_for_fake_calls(
     The backend sees the graph; Dynamo runs what it built for fake calls.
     """
     runtime = make_runtime(gm)
+    if output_graph.fake_calls.guards_filtered:
+        runtime.real_calls = DeferredCompile(
+            output_graph, gm, example_inputs, for_fake_calls=False
+        )
     output_graph.fake_calls.compiled_for_fake = True
     codes_compiled_for_fake.add(output_graph.root_tx.f_code)
     output_graph.fake_calls.has_fake_tensor_input = has_fake_tensor_input(output_graph)

@@ -11,7 +11,12 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor
 
 from . import fake_mode_compat
-from .ambient_fake_mode import codes_compiled_for_fake, make_runtime, state
+from .ambient_fake_mode import (
+    codes_compiled_for_fake,
+    DeferredCompile,
+    make_runtime,
+    state,
+)
 
 
 if TYPE_CHECKING:
@@ -130,24 +135,48 @@ def needs_fake_calls_told_apart(output_graph: "OutputGraph") -> bool:
 def run_fake_calls_apart(
     output_graph: "OutputGraph",
     gm: fx.GraphModule,
-    compiled_fn: Callable[..., Any],
+    example_inputs: Sequence[Any],
+    call_user_compiler: Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]],
 ) -> Callable[..., Any]:
     """
     A real entry whose guards a guard_filter_fn filtered may be hit by a fake
-    call: that call runs the graph for fake instead of the backend's artifact.
-    A call is fake if a fake mode is active or one of the frame's own tensor
-    inputs (not parameters, which there may be many of) is a FakeTensor.
+    call: that call runs what the backend builds for fake calls (built on the
+    first one) instead of the backend's artifact. A call is fake if a fake
+    mode is active or one of the frame's own tensor inputs (not parameters,
+    which there may be many of) is a FakeTensor.
     """
     runtime = make_runtime(gm)
+    runtime.backend_graphs_later = DeferredCompile(
+        output_graph, gm, example_inputs, for_fake_calls=True
+    )
+    compiled_fn = _forced_lazy_forward(call_user_compiler(gm, example_inputs))
     input_indices: Sequence[int] = _frame_tensor_inputs(output_graph)
     get_mode = torch._C._get_dispatch_mode
     fake_key = torch._C._TorchDispatchModeKey.FAKE
 
     def run(*args: Any) -> Any:
-        if get_mode(fake_key) is not None or any(
-            isinstance(args[i], FakeTensor) for i in input_indices
-        ):
+        if get_mode(fake_key) is not None:
             return runtime(*args)
+        for i in input_indices:
+            if isinstance(args[i], FakeTensor):
+                return runtime(*args)
         return compiled_fn(*args)
 
     return run
+
+
+def _forced_lazy_forward(compiled_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """
+    The real forward of a _LazyGraphModule a backend returns, as Dynamo takes
+    it when the backend's answer is not wrapped: calling the lazy one goes
+    through nn.Module.__call__ on every call.
+    """
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    lazy_gm = getattr(compiled_fn, "__self__", compiled_fn)
+    if isinstance(lazy_gm, _LazyGraphModule) and (
+        compiled_fn is lazy_gm or compiled_fn.__name__ == "_lazy_forward"
+    ):
+        _LazyGraphModule.force_recompile(lazy_gm)
+        return lazy_gm.forward
+    return compiled_fn
