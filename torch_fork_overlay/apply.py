@@ -95,8 +95,10 @@ def patch_tree(*, root: str | os.PathLike[str], series: Series, include_tests: b
 def check_writable(paths: list[Path], *, what: str) -> None:
     """Prove each directory (and existing file) can be changed by trying.
     The probe is an unnamed temp file (O_TMPFILE where the OS has it), so a
-    kill at any moment leaves nothing behind."""
-    dirs = sorted({p if p.is_dir() else p.parent for p in paths})
+    kill at any moment leaves nothing behind. A file to be created in a
+    directory that does not exist yet is checked in the nearest directory that
+    does: the one the new directory will be made in."""
+    dirs = sorted({_nearest_existing_dir(p) for p in paths})
     for d in dirs:
         try:
             with tempfile.TemporaryFile(prefix=".tfo-check-", dir=d):
@@ -110,6 +112,13 @@ def check_writable(paths: list[Path], *, what: str) -> None:
                     pass
             except OSError as e:
                 raise _readonly(p, e, what) from None
+
+
+def _nearest_existing_dir(path: Path) -> Path:
+    d = path if path.is_dir() else path.parent
+    while not d.is_dir() and d != d.parent:
+        d = d.parent
+    return d
 
 
 def _readonly(path: Path, e: OSError, what: str) -> OverlayError:

@@ -140,6 +140,27 @@ def test_read_only_install(fake_install, patches_dir):
     )
 
 
+def test_patch_adding_a_new_directory(fake_install, patches_dir, stock_site_packages, tmp_path):
+    # A series may add a file in a directory torch does not have: the
+    # writability check probes the directory that will hold the new one, and
+    # revert removes both.
+    from torch_fork_overlay import refresh
+
+    tree, msg = tmp_path / "tree", tmp_path / "msg"
+    (tree / "torch/_fixture_pkg").mkdir(parents=True)
+    (tree / "torch/_fixture_pkg/new.py").write_text("# fixture: a new module\n")
+    msg.write_text("fixture: Add a module in a new directory\n\nFor the tool's tests.\n")
+    refresh.new_patch(version="2.15.0", pristine=refresh.Pristine(tree=stock_site_packages),
+                      tree=tree, files=["torch/_fixture_pkg/new.py"], message_file=msg,
+                      patches_dir=patches_dir)
+    before = tree_digest(fake_install)
+    assert _apply(fake_install, patches_dir).startswith("applied 3 patch(es)")
+    assert (fake_install / "torch/_fixture_pkg/new.py").read_text() == "# fixture: a new module\n"
+    _revert(fake_install, patches_dir)
+    assert not (fake_install / "torch/_fixture_pkg").exists()
+    assert tree_digest(fake_install) == before
+
+
 def test_patch_path_escaping_root(fake_install, patches_dir):
     p1 = patches_dir / "v2.15.0/0001-guards-Mark-detect_fake_mode.patch"
     p1.write_text(p1.read_text().replace("a/torch/_guards.py b/torch/_guards.py",
