@@ -51,12 +51,12 @@ PAIRS = [
 ]
 
 
-def run_worker(python: str, preset: str, backend: str, extra: list[str], timeout: float) -> dict:
+def run_worker(python: str, worker_args: list[str], timeout: float) -> dict:
+    """One `worker.py fake` process with an empty inductor cache; its BENCH_JSON result."""
     env = dict(os.environ)
     env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-fidelity-")
     env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
-    cmd = [python, os.path.join(HERE, "worker.py"), "fake", "--preset", preset, "--mode", "compile",
-           "--backend", backend, "--backward", "--after-calls", "1", "--repeats", "2", *extra]
+    cmd = [python, os.path.join(HERE, "worker.py"), "fake", *worker_args]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -96,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         for round_ in range(args.rounds):
             for label, side, backend, extra in ROWS:
                 t0 = time.perf_counter()
-                result = run_worker(pythons[side], preset, backend, extra, args.timeout)
+                result = run_worker(pythons[side], ["--preset", preset, "--mode", "compile", "--backend", backend,
+                                                    "--backward", "--after-calls", "1", "--repeats", "2", *extra],
+                                    args.timeout)
                 if result.get("status") == "ok":
                     result["later_s"] = later_calls(result)
                 data[preset][label].append(result)

@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.testing import CompileCounterWithBackend
+from torch._dynamo.utils import counters
 from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.testing._internal.common_utils import (
@@ -416,6 +417,62 @@ class CompileUnderFakeModeFidelityTests(torch._dynamo.test_case.TestCase):
             self.assertIs(out.fake_mode, mode)
             self.assertIsInstance(model[0].weight, nn.Parameter)
             self.assertEqual(model(x), ref)
+
+    # Steady state: a repeated fake call makes fresh FakeTensors of what the
+    # backend's graphs made on an earlier call with the same inputs'
+    # metadata, without running their ops, and predicts the same.
+    @parametrize("backend", BACKENDS)
+    @parametrize("case", ["mlp_budget_0.5", "block_bf16_autocast", "complex_rope"])
+    def test_repeated_fake_calls_predict_what_the_first_did(self, case, backend):
+        model, inputs, config, autocast = make_case(case)
+        runs = []
+        with torch._functorch.config.patch(config):
+            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                fake_inputs = [
+                    mode.from_tensor(t.detach()).requires_grad_(t.requires_grad)
+                    for t in inputs
+                ]
+                for _ in range(3):
+                    model.zero_grad(set_to_none=True)
+                    for t in fake_inputs:
+                        t.grad = None
+                    out, run = run_forward_backward(model, fake_inputs, backend, autocast)
+                    self.assertIs(out.fake_mode, mode)
+                    runs.append(run)
+        self.assertGreater(counters["fake_mode"]["graphs_replayed"], 0)
+        for run in runs[1:]:
+            self.assertEqual(vars(run), vars(runs[0]))
+
+    # What a replay cannot make (an input written in place, an output that is
+    # an input's view) stays as the compiled run has it on every call; sizes
+    # that change get their own replay.
+    @parametrize("backend", BACKENDS)
+    def test_repeated_fake_calls_keep_mutations_aliases_and_sizes(self, backend):
+        def fn(x, y):
+            y.add_(1)
+            return x.view(-1), (x * 2).t()
+
+        def calls(x, y):
+            compiled = torch.compile(fn, backend=backend, dynamic=True)
+            seen = []
+            for rows in (4, 6, 4, 6):
+                view, out = compiled(x[:rows], y)
+                seen.append(
+                    (
+                        tuple(out.shape),
+                        out.stride(),
+                        y._version,
+                        view._base is not None,
+                        view.untyped_storage().nbytes(),
+                    )
+                )
+            return seen
+
+        real = calls(torch.randn(6, 3), torch.randn(3))
+        torch._dynamo.reset()
+        with FakeTensorMode() as mode:
+            fake = calls(torch.randn(6, 3), torch.randn(3))
+        self.assertEqual(fake, real)
 
     @unittest.skipUnless(
         torch.backends.cuda.is_built(),

@@ -88,6 +88,20 @@ See Note [Inheriting the ambient FakeTensorMode] below.
 # "found no compiled frames" for such a frame: the eager run under the modes
 # is what the call is for.
 #
+# Steady state. People call a model under fake many times (a search over
+# batch sizes, budgets or policies), so a repeated call must cost what a
+# FakeTensorMode dispatch-cache hit costs, not a dispatch per op. Each graph
+# a backend built for fake calls remembers, per inputs' metadata, how the
+# call made its outputs (_Replay), and a later call with the same metadata
+# makes them again from that record without running the graph's ops: fresh
+# FakeTensors of the same metadata, views of a storage of the same size,
+# the inputs or views of them, so what a call saves for backward is the
+# same. Only where that is sound: graphs of ATen ops that mutate nothing,
+# static shapes, one FakeTensorMode, and no other dispatch mode or functorch
+# transform, which must see the ops (a tracker, a recording mode); anything
+# else runs the graph. Graphs run op by op (the eager backend, custom
+# backends) keep eager's autograd and are not replayed, except as regions.
+#
 # Regions (opt-in, fake_mode_regions.py). With config.fake_mode_region_after_calls = N,
 # an entry that made N calls autograd does not record is replayed as one
 # fake_mode_region op that FakeTensorMode's dispatch cache serves.
@@ -108,6 +122,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, is_fake
 
 from . import config, fake_mode_compat as _compat
+from .utils import counters
 
 
 if TYPE_CHECKING:
@@ -397,7 +412,12 @@ def _boxed_run(gm: fx.GraphModule, mutated: Sequence[int]) -> Callable[..., Any]
     the version counters of the inputs at the indices in mutated.
     """
 
+    replay = _Replay() if _is_functional(gm) else None
+
     def run(args: list[Any]) -> Any:
+        key = replay.key(args) if replay is not None else None
+        if key is not None and (outputs := replay.outputs(key, args)) is not None:
+            return outputs
         with contextlib.ExitStack() as stack:
             stack.enter_context(_fake_mode_of(args))
             for index in mutated:
@@ -406,10 +426,211 @@ def _boxed_run(gm: fx.GraphModule, mutated: Sequence[int]) -> Callable[..., Any]
                     stack.enter_context(
                         torch.autograd._unsafe_preserve_version_counter(args[index])
                     )
-            return gm.forward(*args)
+            outputs = gm.forward(*args)
+        if key is not None:
+            replay.record(key, args, outputs)
+        return outputs
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run
+
+
+def _is_functional(gm: fx.GraphModule) -> bool:
+    """Whether gm only calls ATen ops that mutate nothing (no HOP, no
+    effect): all a call does is make its outputs."""
+    import operator
+
+    for node in gm.graph.nodes:
+        if node.op in ("call_module", "call_method"):
+            return False
+        if node.op == "call_function" and node.target is not operator.getitem:
+            if not isinstance(node.target, torch._ops.OpOverload):
+                return False
+            if node.target._schema.is_mutable:
+                return False
+    return True
+
+
+class _Replay:
+    """
+    The outputs' metadata of an unlowered graph per inputs' metadata, for
+    calls the graph's ops need not see: a repeated fake call makes fresh
+    FakeTensors of the recorded metadata instead of running the graph op by
+    op, as FakeTensorMode's dispatch cache does for one op (and for
+    Inductor's compiled regions under wrap_inductor_compiled_regions). Only
+    for graphs of ATen ops that mutate nothing, calls under one
+    FakeTensorMode with static shapes, with no other dispatch mode or
+    functorch transform (which must see the ops), and outputs that the first
+    such call made fresh: no alias of an input or of another output, no
+    in-place write, no constant (a view of a fresh storage is replayed as a
+    view of a storage of the same size).
+    """
+
+    MAX_ENTRIES = 8
+
+    def __init__(self) -> None:
+        # key -> the outputs' metadata, or None where the graph runs op by op.
+        self.entries: dict[Any, Optional[tuple[Any, ...]]] = {}
+        self.mode: Optional[FakeTensorMode] = None
+
+    def key(self, args: Sequence[Any]) -> Optional[tuple[Any, ...]]:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+        if (
+            len(_get_current_dispatch_mode_stack()) > (mode is not None)
+            or torch._C._functorch.peek_interpreter_stack() is not None
+        ):
+            return None
+        key: list[Any] = [
+            torch.is_grad_enabled(),
+            torch.is_autocast_enabled("cpu"),
+            torch.get_autocast_dtype("cpu"),
+            torch.is_autocast_enabled("cuda"),
+            torch.get_autocast_dtype("cuda"),
+        ]
+        for arg in args:
+            if isinstance(arg, torch.Tensor):
+                # Real tensors (a FakeTensorMode(allow_non_fake_inputs=True)
+                # fakes them as the graph's ops run) count by metadata too.
+                if type(arg) is FakeTensor:
+                    if mode is None:
+                        mode = arg.fake_mode
+                    elif arg.fake_mode is not mode:
+                        return None
+                elif type(arg) not in (torch.Tensor, torch.nn.Parameter):
+                    return None
+                if arg._has_symbolic_sizes_strides or arg.layout != torch.strided:
+                    return None
+                key.append(
+                    (
+                        arg.shape,
+                        arg.stride(),
+                        arg.storage_offset(),
+                        arg.dtype,
+                        arg.device,
+                        arg.requires_grad,
+                        arg.is_conj(),
+                        arg.is_neg(),
+                    )
+                )
+            elif isinstance(arg, (int, float, bool, type(None))):
+                key.append((type(arg), arg))
+            else:
+                return None
+        if mode is None:
+            return None
+        # Real inputs raise under a mode that does not allow them.
+        key += (torch.get_default_dtype(), mode.allow_non_fake_inputs)
+        self.mode = mode
+        return tuple(key)
+
+    def outputs(self, key: tuple[Any, ...], args: Sequence[Any]) -> Optional[Any]:
+        recorded = self.entries.get(key)
+        if recorded is None:
+            return None
+        counters["fake_mode"]["graphs_replayed"] += 1
+        container, recipes = recorded
+        outputs: list[Any] = []
+        with self.mode:  # type: ignore[union-attr]
+            for kind, source, meta in recipes:
+                if kind == "value":
+                    outputs.append(meta)
+                elif kind == "input":
+                    outputs.append(args[source])
+                elif kind == "fresh":
+                    size, stride, dtype, device, requires_grad = meta
+                    outputs.append(
+                        torch.empty_strided(
+                            size, stride, dtype=dtype, device=device,
+                            requires_grad=requires_grad,
+                        )
+                    )
+                else:
+                    size, stride, offset, conj, neg = meta
+                    if kind == "storage":
+                        # A view of a fresh storage of the recorded size.
+                        nbytes, dtype, device = source
+                        base = torch.empty(
+                            nbytes // dtype.itemsize, dtype=dtype, device=device
+                        )
+                    else:
+                        base = args[source] if kind == "view of input" else outputs[source]
+                    view = base.as_strided(size, stride, offset)
+                    # A conjugate or negative view, as the output was.
+                    if conj != view.is_conj():
+                        view = view.conj()
+                    if neg != view.is_neg():
+                        view = torch._neg_view(view)
+                    outputs.append(view)
+        return container(outputs)
+
+    def record(self, key: tuple[Any, ...], args: Sequence[Any], outputs: Any) -> None:
+        """How to make each output again: an input, a view of an input or of
+        an earlier output, a fresh tensor, a view of a fresh storage, or a
+        value."""
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        if key in self.entries or len(self.entries) >= self.MAX_ENTRIES:
+            return
+        self.entries[key] = None
+        if type(outputs) not in (list, tuple):
+            return
+        owners: dict[Any, tuple[str, int]] = {}
+        for index, arg in enumerate(args):
+            if isinstance(arg, torch.Tensor):
+                # The graph's ops see a real input as the mode's FakeTensor of it.
+                fake = arg if isinstance(arg, FakeTensor) else self.mode.from_tensor(arg)  # type: ignore[union-attr]
+                owners.setdefault(
+                    StorageWeakRef(fake.untyped_storage()), ("view of input", index)
+                )
+        recipes: list[tuple[str, Any, Any]] = []
+        for index, out in enumerate(outputs):
+            if not isinstance(out, torch.Tensor):
+                if not isinstance(out, (int, float, bool, type(None))):
+                    return
+                recipes.append(("value", None, out))
+                continue
+            inputs = [i for i, arg in enumerate(args) if arg is out]
+            if inputs:
+                recipes.append(("input", inputs[0], None))
+                continue
+            if (
+                type(out) is not FakeTensor
+                or out.fake_mode is not self.mode
+                or out._version != 0
+                or out.constant is not None
+                or out.layout != torch.strided
+                or out.dtype.itemsize == 0
+            ):
+                return
+            storage = StorageWeakRef(out.untyped_storage())
+            view = (tuple(out.shape), out.stride(), out.storage_offset())
+            view += (out.is_conj(), out.is_neg())
+            if storage in owners:
+                if out.requires_grad:
+                    return
+                recipes.append((*owners[storage], view))
+                continue
+            owners[storage] = ("view of output", index)
+            nbytes = out.untyped_storage().nbytes()
+            if out._is_view():
+                if out.requires_grad or nbytes % out.dtype.itemsize:
+                    return
+                recipes.append(("storage", (nbytes, out.dtype, out.device), view))
+            elif nbytes != _span_nbytes(out) or out.is_conj() or out.is_neg():
+                return
+            else:
+                recipes.append(
+                    ("fresh", None, (*view[:2], out.dtype, out.device, out.requires_grad))
+                )
+        self.entries[key] = (type(outputs), tuple(recipes))
+
+
+def _span_nbytes(t: torch.Tensor) -> int:
+    return torch.empty_strided(
+        t.shape, t.stride(), dtype=t.dtype, device="meta"
+    ).untyped_storage().nbytes()
 
 
 def _fake_mode_of(args: Sequence[Any]) -> Any:
