@@ -119,7 +119,12 @@ from typing import Any, Optional, TYPE_CHECKING
 
 import torch
 from torch import fx
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, is_fake
+from torch._subclasses.fake_tensor import (
+    FakeTensor,
+    FakeTensorMode,
+    is_fake,
+    unset_fake_temporarily,
+)
 
 from . import config, fake_mode_compat as _compat
 from .utils import counters
@@ -531,31 +536,24 @@ class _Replay:
             return None
         counters["fake_mode"]["graphs_replayed"] += 1
         container, recipes = recorded
+        mode = self.mode
+        assert mode is not None
+        # Fresh tensors and storages are made as FakeTensorMode's dispatch
+        # cache makes an op's output: a meta tensor wrapped for the mode.
+        with unset_fake_temporarily():
+            metas = [_meta_of(kind, source, meta) for kind, source, meta in recipes]
         outputs: list[Any] = []
-        with self.mode:  # type: ignore[union-attr]
-            for kind, source, meta in recipes:
+        with mode:
+            for (kind, source, meta), made in zip(recipes, metas):
                 if kind == "value":
                     outputs.append(meta)
                 elif kind == "input":
                     outputs.append(args[source])
-                elif kind == "fresh":
-                    size, stride, dtype, device, requires_grad = meta
-                    outputs.append(
-                        torch.empty_strided(
-                            size, stride, dtype=dtype, device=device,
-                            requires_grad=requires_grad,
-                        )
-                    )
+                elif made is not None:
+                    outputs.append(FakeTensor(mode, made, _device_of(kind, source, meta)))
                 else:
                     size, stride, offset, conj, neg = meta
-                    if kind == "storage":
-                        # A view of a fresh storage of the recorded size.
-                        nbytes, dtype, device = source
-                        base = torch.empty(
-                            nbytes // dtype.itemsize, dtype=dtype, device=device
-                        )
-                    else:
-                        base = args[source] if kind == "view of input" else outputs[source]
+                    base = args[source] if kind == "view of input" else outputs[source]
                     view = base.as_strided(size, stride, offset)
                     # A conjugate or negative view, as the output was.
                     if conj != view.is_conj():
@@ -625,6 +623,30 @@ class _Replay:
                     ("fresh", None, (*view[:2], out.dtype, out.device, out.requires_grad))
                 )
         self.entries[key] = (type(outputs), tuple(recipes))
+
+
+def _meta_of(kind: str, source: Any, meta: Any) -> Optional[torch.Tensor]:
+    """The meta tensor of a fresh output or of a view of a fresh storage."""
+    if kind == "fresh":
+        size, stride, dtype, _, requires_grad = meta
+        return torch.empty_strided(
+            size, stride, dtype=dtype, device="meta", requires_grad=requires_grad
+        )
+    if kind == "storage":
+        nbytes, dtype, _ = source
+        size, stride, offset, conj, neg = meta
+        view = torch.empty(nbytes // dtype.itemsize, dtype=dtype, device="meta")
+        view = view.as_strided(size, stride, offset)
+        if conj:
+            torch._C._set_conj(view, True)
+        if neg:
+            torch._C._set_neg(view, True)
+        return view
+    return None
+
+
+def _device_of(kind: str, source: Any, meta: Any) -> torch.device:
+    return meta[3] if kind == "fresh" else source[2]
 
 
 def _span_nbytes(t: torch.Tensor) -> int:
