@@ -474,6 +474,39 @@ class CompileUnderFakeModeFidelityTests(torch._dynamo.test_case.TestCase):
             fake = calls(torch.randn(6, 3), torch.randn(3))
         self.assertEqual(fake, real)
 
+    # A replay gives what running the graphs gives: under inference mode, for
+    # inputs that are one tensor in some calls and two in others, for a
+    # constant input, and for an output that is also saved for backward.
+    @parametrize("backend", BACKENDS)
+    def test_replays_give_what_running_the_graphs_gives(self, backend):
+        def same_storage(a, b):
+            return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+
+        affine = torch.compile(lambda x: x * 2 + 1, backend=backend)
+        pair = torch.compile(lambda x, y: (x + 1, y + 1), backend=backend)
+        exp = torch.compile(torch.exp, backend=backend)
+        seen = []
+        for call in range(4):
+            with FakeTensorMode() as mode:
+                with torch.inference_mode():
+                    self.assertIs(affine(torch.randn(3)).fake_mode, mode)
+                # One tangent for both outputs, two in the last call.
+                x, y = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+                g1 = torch.randn(4)
+                g2 = g1 if call < 3 else torch.randn(4)
+                gx, gy = torch.autograd.grad(pair(x, y), [x, y], [g1, g2])
+                saved = []
+                with torch.autograd.graph.saved_tensors_hooks(
+                    lambda t: saved.append(t) or t, lambda t: t
+                ):
+                    out = exp(torch.randn(4, requires_grad=True))
+                seen.append((same_storage(gx, g1), same_storage(gy, g2), [t is out for t in saved]))
+                # A constant after calls without one: eager keeps its value.
+                if call == 3:
+                    self.assertEqual(affine(torch.tensor(2.0)).item(), 5.0)
+        self.assertGreater(counters["fake_mode"]["graphs_replayed"], 0)
+        self.assertEqual(seen, [seen[0]] * 4)
+
     @unittest.skipUnless(
         torch.backends.cuda.is_built(),
         "a CPU-only build of torch aborts on fake cuda tensors, in eager too",

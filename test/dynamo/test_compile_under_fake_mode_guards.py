@@ -166,23 +166,24 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
         # its first real call.
         self.assertEqual(self.inductor_compiles, 1)
 
-    # One entry serves both kinds of call under a guard filter, and each kind
-    # runs what the backend builds for it: a fake call predicts the compiled
-    # run (Inductor's partitioner recomputes the pointwise ops, so the forward
-    # saves only its input, where eager saves three tensors), a real call runs
-    # Inductor's code, in either order.
+    # One entry serves both kinds of call under a guard filter. Real calls run
+    # Inductor's code whichever came first; a fake call predicts the compiled
+    # run where the entry was compiled for it (Inductor's partitioner
+    # recomputes the pointwise ops, so the forward saves only its input) and
+    # eager's figure, with a warning, where it was compiled for real calls.
     @parametrize("first", ["real", "fake"])
-    def test_guard_filter_each_kind_of_call_runs_what_the_backend_builds(self, first):
+    def test_guard_filter_each_kind_of_call_in_one_entry(self, first):
         def skip_all_guards_unsafe(guard_entries):
             return [False] * len(guard_entries)
 
+        def f(x):
+            return x.sin().cos().sin()
+
         fn = torch.compile(
-            lambda x: x.sin().cos().sin(),
-            backend="inductor",
-            options={"guard_filter_fn": skip_all_guards_unsafe},
+            f, backend="inductor", options={"guard_filter_fn": skip_all_guards_unsafe}
         )
 
-        def saved_by_forward(x):
+        def saved_by_forward(fn, x):
             saved = []
             with torch.autograd.graph.saved_tensors_hooks(
                 lambda t: saved.append(t) or t, lambda t: t
@@ -191,17 +192,28 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
             out.sum().backward()
             return len(saved)
 
+        eager_saved = saved_by_forward(f, torch.randn(8, requires_grad=True))
+        self.assertEqual(eager_saved, 3)
         mode = FakeTensorMode()
+        warned = False
         for kind in [first, "fake" if first == "real" else "real"] * 2:
             if kind == "real":
                 x = torch.randn(8, requires_grad=True)
-                self.assertEqual(saved_by_forward(x), 1)
+                self.assertEqual(saved_by_forward(fn, x), 1)
                 self.assertEqual(x.grad, (x.sin().cos().cos() * -x.sin().sin() * x.cos()))
-            else:
-                with mode:
-                    x = torch.randn(8, requires_grad=True)
-                    self.assertEqual(saved_by_forward(x), 1)
-                self.assertIs(x.grad.fake_mode, mode)
+                continue
+            with mode:
+                x = torch.randn(8, requires_grad=True)
+                if first == "fake":
+                    self.assertEqual(saved_by_forward(fn, x), 1)
+                elif not warned:
+                    # Said once per entry.
+                    with self.assertLogs("torch._dynamo.fake_mode_guards", "WARNING"):
+                        self.assertEqual(saved_by_forward(fn, x), eager_saved)
+                    warned = True
+                else:
+                    self.assertEqual(saved_by_forward(fn, x), eager_saved)
+            self.assertIs(x.grad.fake_mode, mode)
         self.assertEqual(frames_compiled(), 1)
         self.assertEqual(self.inductor_compiles, 2)  # forward and backward
 

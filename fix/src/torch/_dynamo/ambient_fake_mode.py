@@ -67,11 +67,13 @@ See Note [Inheriting the ambient FakeTensorMode] below.
 # reaches (a module with real parameters called with an int). Frames never
 # called for fake pay nothing. A guard_filter_fn may drop any guard
 # (skip_all_guards_unsafe drops them all, and the entry must then have none),
-# and then one entry serves both kinds of call: a real entry tells fake calls
-# apart when they run, a fake entry real ones, and the backend is called once
-# more on the first call of the other kind (DeferredCompile), so that each
-# kind runs what the backend builds for it: a real call the backend's
-# artifact, at its speed, a fake call the backend's graphs.
+# and then one entry serves both kinds of call. An entry compiled for fake
+# calls has the backend compile for real on its first real call
+# (DeferredCompile): a dry run first never leaves real calls running op by
+# op. An entry compiled for real calls tells fake calls apart (a fake mode
+# active, or a FakeTensor among its tensor inputs) and runs them op by op,
+# eager's figures, with a warning: keeping what the backend's graphs would
+# need would cost every user of a guard filter, fake calls or not.
 # Entries compiled under a user's FakeTensorMode count toward recompile limits
 # of their own (cache_size.py), so a dry run never makes a later real call
 # run eagerly. The price of guarding only what needs it: a real entry with a
@@ -268,10 +270,8 @@ class FakeModeRuntime:
             node.meta = {}
         self.gm = fx.GraphModule(gm, graph)
         self.backend_graphs: Optional[BackendGraphs] = None
-        # Under a guard_filter_fn, what builds the backend's graphs on the
-        # first fake call of a real entry, and what the backend compiles on
-        # the first real call of a fake entry (see DeferredCompile).
-        self.backend_graphs_later: Optional[DeferredCompile] = None
+        # Under a guard_filter_fn, what the backend compiles on the first
+        # real call of a fake entry (see DeferredCompile).
         self.real_calls: Optional[DeferredCompile] = None
 
     def __call__(self, *args: Any) -> Any:
@@ -279,13 +279,7 @@ class FakeModeRuntime:
 
     def run(self, *args: Any) -> Any:
         if self.real_calls is not None and not called_with_fakes(args):
-            return self.real_calls.compiled()(*args)
-        if self.backend_graphs_later is not None:
-            if config.fake_mode_runs_backend_graphs:
-                built = self.backend_graphs_later.compiled()
-                if isinstance(built, BackendGraphs):
-                    self.backend_graphs = built
-            self.backend_graphs_later = None
+            return self.real_calls(*args)
         # Eager raises on FakeTensors of different modes, and so do the
         # captured graph's ops; AOTAutograd's runtime would abort.
         if self.backend_graphs is None or _mixes_fake_modes(args):
@@ -302,14 +296,15 @@ def called_with_fakes(args: Sequence[Any]) -> bool:
 
 class DeferredCompile:
     """
-    The backend called once more, on the first call that needs it, as Dynamo
-    called it for the frame. A guard_filter_fn may drop the guards that keep
-    real and fake calls apart (skip_all_guards_unsafe drops them all), and
-    then one entry serves both kinds of call: each runs what the backend
-    builds for it, a real call the backend's artifact and a fake call the
-    backend's graphs, whichever kind of call compiled the frame. Holds a copy
-    of the graph the backend is given (it may rewrite that one in place), the
-    example inputs and the TracingContext, until it has compiled.
+    The backend's real compile of a graph compiled for fake calls, made on
+    its first real call, as Dynamo would have made it for the frame. A
+    guard_filter_fn may drop the guards that keep real and fake calls apart
+    (skip_all_guards_unsafe drops them all), and then one entry serves both:
+    real calls after a fake dry run run the backend's artifact, at its speed.
+    Holds a copy of the graph the backend is given (it may rewrite that one
+    in place), the example inputs and the TracingContext until then. Guards
+    the backend would add on that compile are not installed: the filter
+    already dropped the entry's.
     """
 
     def __init__(
@@ -317,8 +312,6 @@ class DeferredCompile:
         output_graph: "OutputGraph",
         gm: fx.GraphModule,
         example_inputs: Sequence[Any],
-        *,
-        for_fake_calls: bool,
     ) -> None:
         self.compiler_fn = output_graph.compiler_fn
         self.gm = _copy_for_backend(output_graph, gm)
@@ -326,12 +319,15 @@ class DeferredCompile:
         self.tracing_context = output_graph.tracing_context
         # The global state (grad mode, autocast) the frame was called under.
         self.frame_state = self.tracing_context.global_context.copy_graphstate()
-        self.for_fake_calls = for_fake_calls
         self.compiled_fn: Optional[Callable[..., Any]] = None
 
-    def compiled(self) -> Callable[..., Any]:
-        if self.compiled_fn is not None:
-            return self.compiled_fn
+    def __call__(self, *args: Any) -> Any:
+        compiled_fn = self.compiled_fn
+        if compiled_fn is None:
+            compiled_fn = self.compile()
+        return compiled_fn(*args)
+
+    def compile(self) -> Callable[..., Any]:
         from torch.utils._python_dispatch import _disable_current_modes
 
         from .convert_frame import compile_lock
@@ -342,16 +338,23 @@ class DeferredCompile:
                 return self.compiled_fn
             context = self.tracing_context
             now: dict[str, Any] = {}
+            # save_global_state only reads the global state when given out=.
             OutputGraph.save_global_state(None, out=now)  # type: ignore[arg-type]
             context.global_context.restore_graphstate(self.frame_state)
-            context.compiling_for_fake_mode = (
-                self.for_fake_calls and not config.compile_backend_under_fake_mode
-            )
             try:
                 with torch._guards.tracing(context):
                     compiled_fn = self.compiler_fn(self.gm, self.example_inputs)
+            except Exception:
+                if not config.suppress_errors:
+                    raise
+                # As Dynamo does for a backend that fails: run eagerly.
+                log.warning(
+                    "Backend compile failed on the first real call of a graph "
+                    "compiled for fake calls; its real calls run eagerly",
+                    exc_info=True,
+                )
+                compiled_fn = self.gm.forward
             finally:
-                context.compiling_for_fake_mode = False
                 context.global_context.restore_graphstate(
                     type(self.frame_state)(now)
                 )
@@ -420,8 +423,8 @@ def _boxed_run(gm: fx.GraphModule, mutated: Sequence[int]) -> Callable[..., Any]
     replay = _Replay() if _is_functional(gm) else None
 
     def run(args: list[Any]) -> Any:
-        key = replay.key(args) if replay is not None else None
-        if key is not None and (outputs := replay.outputs(key, args)) is not None:
+        keyed = replay.key(args) if replay is not None else None
+        if keyed is not None and (outputs := replay.outputs(*keyed, args)) is not None:
             return outputs
         with contextlib.ExitStack() as stack:
             stack.enter_context(_fake_mode_of(args))
@@ -432,8 +435,8 @@ def _boxed_run(gm: fx.GraphModule, mutated: Sequence[int]) -> Callable[..., Any]
                         torch.autograd._unsafe_preserve_version_counter(args[index])
                     )
             outputs = gm.forward(*args)
-        if key is not None:
-            replay.record(key, args, outputs)
+        if keyed is not None:
+            replay.record(*keyed, args, outputs)
         return outputs
 
     run._boxed_call = True  # type: ignore[attr-defined]
@@ -458,33 +461,35 @@ def _is_functional(gm: fx.GraphModule) -> bool:
 
 class _Replay:
     """
-    The outputs' metadata of an unlowered graph per inputs' metadata, for
-    calls the graph's ops need not see: a repeated fake call makes fresh
-    FakeTensors of the recorded metadata instead of running the graph op by
-    op, as FakeTensorMode's dispatch cache does for one op (and for
-    Inductor's compiled regions under wrap_inductor_compiled_regions). Only
-    for graphs of ATen ops that mutate nothing, calls under one
-    FakeTensorMode with static shapes, with no other dispatch mode or
-    functorch transform (which must see the ops), and outputs that the first
-    such call made fresh: no alias of an input or of another output, no
-    in-place write, no constant (a view of a fresh storage is replayed as a
-    view of a storage of the same size).
+    How an unlowered graph made its outputs, per inputs' metadata, for calls
+    the graph's ops need not see: a repeated fake call makes its outputs
+    again from the record instead of running the graph op by op, as
+    FakeTensorMode's dispatch cache does for one op (and for Inductor's
+    compiled regions under wrap_inductor_compiled_regions). Only for graphs
+    of ATen ops that mutate nothing, calls under one FakeTensorMode with
+    static shapes, outside inference mode, with no other dispatch mode or
+    functorch transform (which must see the ops), and outputs that are
+    inputs, views of an input or of an earlier output, or tensors the call
+    made fresh, not written in place. As in the dispatch cache, a view of a
+    fresh storage comes back as a tensor on a storage of the same size, not
+    as a view.
     """
 
     MAX_ENTRIES = 8
 
     def __init__(self) -> None:
-        # key -> the outputs' metadata, or None where the graph runs op by op.
+        # key -> how to make the outputs, or None where the graph runs.
         self.entries: dict[Any, Optional[tuple[Any, ...]]] = {}
-        self.mode: Optional[FakeTensorMode] = None
 
-    def key(self, args: Sequence[Any]) -> Optional[tuple[Any, ...]]:
+    def key(self, args: Sequence[Any]) -> Optional[tuple[tuple[Any, ...], FakeTensorMode]]:
+        """The call's key and mode, or None if it must run the graph."""
         from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
         mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
         if (
             len(_get_current_dispatch_mode_stack()) > (mode is not None)
             or torch._C._functorch.peek_interpreter_stack() is not None
+            or torch.is_inference_mode_enabled()
         ):
             return None
         key: list[Any] = [
@@ -493,8 +498,12 @@ class _Replay:
             torch.get_autocast_dtype("cpu"),
             torch.is_autocast_enabled("cuda"),
             torch.get_autocast_dtype("cuda"),
+            torch.get_default_dtype(),
         ]
-        for arg in args:
+        # Which inputs are one tensor, or share a storage: outputs that are
+        # inputs or their views are made from the same ones.
+        storages: dict[int, int] = {}
+        for index, arg in enumerate(args):
             if isinstance(arg, torch.Tensor):
                 # Real tensors (a FakeTensorMode(allow_non_fake_inputs=True)
                 # fakes them as the graph's ops run) count by metadata too.
@@ -502,6 +511,8 @@ class _Replay:
                     if mode is None:
                         mode = arg.fake_mode
                     elif arg.fake_mode is not mode:
+                        return None
+                    if arg.constant is not None:
                         return None
                 elif type(arg) not in (torch.Tensor, torch.nn.Parameter):
                     return None
@@ -517,27 +528,27 @@ class _Replay:
                         arg.requires_grad,
                         arg.is_conj(),
                         arg.is_neg(),
+                        storages.setdefault(arg.untyped_storage()._cdata, index),
                     )
                 )
             elif isinstance(arg, (int, float, bool, type(None))):
                 key.append((type(arg), arg))
             else:
                 return None
-        if mode is None:
+        if mode is None or getattr(mode, "propagate_real_tensors", False):
             return None
         # Real inputs raise under a mode that does not allow them.
-        key += (torch.get_default_dtype(), mode.allow_non_fake_inputs)
-        self.mode = mode
-        return tuple(key)
+        key.append(mode.allow_non_fake_inputs)
+        return tuple(key), mode
 
-    def outputs(self, key: tuple[Any, ...], args: Sequence[Any]) -> Optional[Any]:
+    def outputs(
+        self, key: tuple[Any, ...], mode: FakeTensorMode, args: Sequence[Any]
+    ) -> Optional[Any]:
         recorded = self.entries.get(key)
         if recorded is None:
             return None
         counters["fake_mode"]["graphs_replayed"] += 1
         container, recipes = recorded
-        mode = self.mode
-        assert mode is not None
         # Fresh tensors and storages are made as FakeTensorMode's dispatch
         # cache makes an op's output: a meta tensor wrapped for the mode.
         with unset_fake_temporarily():
@@ -549,6 +560,8 @@ class _Replay:
                     outputs.append(meta)
                 elif kind == "input":
                     outputs.append(args[source])
+                elif kind == "output":
+                    outputs.append(outputs[source])
                 elif made is not None:
                     outputs.append(FakeTensor(mode, made, _device_of(kind, source, meta)))
                 else:
@@ -563,9 +576,15 @@ class _Replay:
                     outputs.append(view)
         return container(outputs)
 
-    def record(self, key: tuple[Any, ...], args: Sequence[Any], outputs: Any) -> None:
-        """How to make each output again: an input, a view of an input or of
-        an earlier output, a fresh tensor, a view of a fresh storage, or a
+    def record(
+        self,
+        key: tuple[Any, ...],
+        mode: FakeTensorMode,
+        args: Sequence[Any],
+        outputs: Any,
+    ) -> None:
+        """How to make each output again: an input or an earlier output, a
+        view of one, a fresh tensor, a tensor on a fresh storage, or a
         value."""
         from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -575,10 +594,12 @@ class _Replay:
         if type(outputs) not in (list, tuple):
             return
         owners: dict[Any, tuple[str, int]] = {}
+        same: dict[int, tuple[str, int]] = {}
         for index, arg in enumerate(args):
             if isinstance(arg, torch.Tensor):
+                same.setdefault(id(arg), ("input", index))
                 # The graph's ops see a real input as the mode's FakeTensor of it.
-                fake = arg if isinstance(arg, FakeTensor) else self.mode.from_tensor(arg)  # type: ignore[union-attr]
+                fake = arg if isinstance(arg, FakeTensor) else mode.from_tensor(arg)
                 owners.setdefault(
                     StorageWeakRef(fake.untyped_storage()), ("view of input", index)
                 )
@@ -589,13 +610,13 @@ class _Replay:
                     return
                 recipes.append(("value", None, out))
                 continue
-            inputs = [i for i, arg in enumerate(args) if arg is out]
-            if inputs:
-                recipes.append(("input", inputs[0], None))
+            if id(out) in same:
+                recipes.append((*same[id(out)], None))
                 continue
+            same[id(out)] = ("output", index)
             if (
                 type(out) is not FakeTensor
-                or out.fake_mode is not self.mode
+                or out.fake_mode is not mode
                 or out._version != 0
                 or out.constant is not None
                 or out.layout != torch.strided
@@ -772,9 +793,7 @@ def compile_for_fake_calls(
     """
     runtime = make_runtime(gm)
     if output_graph.fake_calls.guards_filtered:
-        runtime.real_calls = DeferredCompile(
-            output_graph, gm, example_inputs, for_fake_calls=False
-        )
+        runtime.real_calls = DeferredCompile(output_graph, gm, example_inputs)
     output_graph.fake_calls.compiled_for_fake = True
     codes_compiled_for_fake.add(output_graph.root_tx.f_code)
     output_graph.fake_calls.has_fake_tensor_input = has_fake_tensor_input(output_graph)

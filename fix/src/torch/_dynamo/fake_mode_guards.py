@@ -3,6 +3,7 @@ Real and fake calls of a compiled frame never share a cache entry.
 See Note [Inheriting the ambient FakeTensorMode] in ambient_fake_mode.py.
 """
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TYPE_CHECKING
 
@@ -11,16 +12,14 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor
 
 from . import fake_mode_compat
-from .ambient_fake_mode import (
-    codes_compiled_for_fake,
-    DeferredCompile,
-    make_runtime,
-    state,
-)
+from .ambient_fake_mode import codes_compiled_for_fake, make_runtime, state
 
 
 if TYPE_CHECKING:
     from .output_graph import OutputGraph
+
+
+log = logging.getLogger(__name__)
 
 
 def fake_mode_active() -> bool:
@@ -140,26 +139,38 @@ def run_fake_calls_apart(
 ) -> Callable[..., Any]:
     """
     A real entry whose guards a guard_filter_fn filtered may be hit by a fake
-    call: that call runs what the backend builds for fake calls (built on the
-    first one) instead of the backend's artifact. A call is fake if a fake
-    mode is active or one of the frame's own tensor inputs (not parameters,
-    which there may be many of) is a FakeTensor.
+    call: that call runs the captured graph op by op under its mode instead
+    of the backend's artifact (which may read FakeTensors' data). A call is
+    fake if a fake mode is active or a tensor it passes is a FakeTensor.
+    Nothing more is kept for such calls, which users of guard filters who
+    never call under fake would pay for: they predict eager's memory, not the
+    compiled run's, and say so once.
     """
     runtime = make_runtime(gm)
-    runtime.backend_graphs_later = DeferredCompile(
-        output_graph, gm, example_inputs, for_fake_calls=True
-    )
     compiled_fn = _forced_lazy_forward(call_user_compiler(gm, example_inputs))
-    input_indices: Sequence[int] = _frame_tensor_inputs(output_graph)
+    tensor_inputs = [i for i, arg in enumerate(output_graph.graphargs) if arg.is_tensor]
     get_mode = torch._C._get_dispatch_mode
     fake_key = torch._C._TorchDispatchModeKey.FAKE
+    warned = False
+
+    def run_fake_call(*args: Any) -> Any:
+        nonlocal warned
+        if not warned:
+            warned = True
+            log.warning(
+                "A fake call is served by an entry compiled for real calls under "
+                "a guard_filter_fn: it runs the captured graph op by op (eager's "
+                "saved tensors, not the compiled run's). Make the first call "
+                "under the FakeTensorMode for the compiled run's."
+            )
+        return runtime(*args)
 
     def run(*args: Any) -> Any:
         if get_mode(fake_key) is not None:
-            return runtime(*args)
-        for i in input_indices:
+            return run_fake_call(*args)
+        for i in tensor_inputs:
             if isinstance(args[i], FakeTensor):
-                return runtime(*args)
+                return run_fake_call(*args)
         return compiled_fn(*args)
 
     return run
