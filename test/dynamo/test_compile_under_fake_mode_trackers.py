@@ -12,8 +12,6 @@ See Note [Inheriting the ambient FakeTensorMode] in
 torch/_dynamo/ambient_fake_mode.py
 """
 
-import unittest
-
 import torch
 import torch._dynamo.test_case
 from torch._dynamo.testing import CompileCounterWithBackend
@@ -98,13 +96,8 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
     # with set_stance("force_eager") (eager, with the compiled form's
     # wrappers: trackers built on ModTracker skip the modules inside
     # torch.compile(module) by design), nothing fails inside Dynamo, and
-    # fullgraph=True holds.
-    @unittest.skipIf(
-        torch.__version__.startswith("2.13."),
-        "torch 2.13: fullgraph=True still raises 'found no compiled frames' in this "
-        "test although frames_run_eagerly_under_modes() holds in a smaller repro; "
-        "cause not found yet (open in issue 19)",
-    )
+    # fullgraph=True holds. (On 2.13 this needs the frame skipped under the
+    # tracker to compile again once the tracker is gone.)
     @parametrize("tracker", ["FlopCounterMode", "MemTracker", "CommDebugMode"])
     @parametrize(
         "form", ["torch.compile(fn)", "torch.compile(module)", "Module.compile()"]
