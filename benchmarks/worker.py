@@ -38,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+import types
 
 _T_START = time.perf_counter()
 
@@ -263,11 +264,26 @@ CACHE_HIT_VARIANTS = ["one", "eight", "linear", "one-filtered", "eight-filtered"
 
 def _compile_cache_hit_case(torch, variant: str, backend: str):
     """The compiled function of a cache-hit variant and its inputs. A -filtered variant is compiled under
-    guard_filter_fn=skip_all_guards_unsafe (written out: releases before 2.8 lack it), so its entry holds no guard."""
+    guard_filter_fn=skip_all_guards_unsafe (written out: releases before 2.8 lack it), so its entry holds no guard;
+    its function (or module's forward) has a code object of its own, since Dynamo keeps compiled entries per code
+    object and the unfiltered variant's entry would otherwise serve it (and a guardless entry the unfiltered one)."""
     base, _, filtered = variant.partition("-")
     fn, inputs = _cache_hit_case(torch, base)
-    options = {"guard_filter_fn": lambda entries: [False] * len(entries)} if filtered else None
+    if not filtered:
+        return torch.compile(fn, backend=backend), inputs
+    if isinstance(fn, torch.nn.Module):
+        cls = type(fn)
+        fn.__class__ = type("Filtered" + cls.__name__, (cls,), {"forward": _own_code(cls.forward)})
+    else:
+        fn = _own_code(fn)
+    options = {"guard_filter_fn": lambda entries: [False] * len(entries)}
     return torch.compile(fn, backend=backend, options=options), inputs
+
+
+def _own_code(fn):
+    """fn with a copy of its code object (another name), so Dynamo compiles it apart."""
+    code = fn.__code__.replace(co_name=fn.__code__.co_name + "_filtered")
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
 
 
 def _cache_hit_case(torch, variant: str):

@@ -102,8 +102,11 @@ def test_callgrind_worker_outside_valgrind():
     # The valgrind hooks are no-ops outside valgrind; this checks the worker's plumbing, not the counts.
     result = run_worker("callgrind", "--calls", "3", "--warmup", "1")
     check_common(result)
-    assert result["variants"] == ["one", "eight", "linear"]
-    assert result["graphs"] == 3
+    assert result["variants"] == [
+        "one", "eight", "linear", "one-filtered", "eight-filtered", "linear-filtered"
+    ]
+    # Each variant compiles its own entry (a filtered one must not share the unfiltered one's).
+    assert result["graphs"] == 6
 
 
 def test_runner_help():
