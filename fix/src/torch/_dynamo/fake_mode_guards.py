@@ -4,6 +4,7 @@ See Note [Inheriting the ambient FakeTensorMode] in ambient_fake_mode.py.
 """
 
 import logging
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any, TYPE_CHECKING
 
@@ -165,13 +166,30 @@ def run_fake_calls_apart(
             )
         return runtime(*args)
 
-    def run(*args: Any) -> Any:
-        if get_mode(fake_key) is not None:
+    # Every real call pays this check: the tensor inputs' types are looked
+    # up in C (itemgetter, map), not in a Python loop.
+    if len(tensor_inputs) > 1:
+        tensors = operator.itemgetter(*tensor_inputs)
+
+        def run(*args: Any) -> Any:
+            if get_mode(fake_key) is None and FakeTensor not in map(type, tensors(args)):
+                return compiled_fn(*args)
             return run_fake_call(*args)
-        for i in tensor_inputs:
-            if isinstance(args[i], FakeTensor):
-                return run_fake_call(*args)
-        return compiled_fn(*args)
+
+    elif tensor_inputs:
+        (index,) = tensor_inputs
+
+        def run(*args: Any) -> Any:
+            if get_mode(fake_key) is None and type(args[index]) is not FakeTensor:
+                return compiled_fn(*args)
+            return run_fake_call(*args)
+
+    else:
+
+        def run(*args: Any) -> Any:
+            if get_mode(fake_key) is None:
+                return compiled_fn(*args)
+            return run_fake_call(*args)
 
     return run
 
