@@ -67,6 +67,16 @@ def run_worker(python: str, worker_args: list[str], timeout: float) -> dict:
     return json.loads(lines[-1][len("BENCH_JSON "):])
 
 
+def write_table(lines: list[str], output: str) -> None:
+    """Print the table and write it to output ('-': only print)."""
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    if output != "-":
+        with open(output, "w") as f:
+            f.write(text)
+        print(f"written to {os.path.relpath(output, REPO)}")
+
+
 def median(results: list[dict], key: str) -> float | None:
     values = [r[key] for r in results if r.get("status") == "ok" and r.get(key) is not None]
     return statistics.median(values) if values else None
@@ -133,12 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {preset} | {label} | {fmt(first, 's')} | {fmt(later, 's')} | {fmt(rss, 'MB')} | {reference}: "
                 f"{fmt(ref_first, 's')}, {fmt(ref_rss, 'MB')} | {fmt(ratio, 'x')} | {fmt(rss_ratio, 'x')} | "
                 f"{verdict} |")
-    text = "\n".join(lines) + "\n"
-    print("\n" + text)
-    if args.output != "-":
-        with open(args.output, "w") as f:
-            f.write(text)
-        print(f"written to {os.path.relpath(args.output, REPO)}")
+    write_table(lines, args.output)
     return 0
 
 

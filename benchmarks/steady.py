@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from fidelity import run_worker  # noqa: E402
+from fidelity import run_worker, write_table  # noqa: E402
 
 # (label, side, worker flags)
 ROWS = [
@@ -104,12 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {preset} | {pass_name} | {label} | "
                          f"{'n/a' if value is None else f'{value * 1e3:.2f} ms'} | "
                          f"{'' if ratio is None else f'{ratio:.2f}x'} | {verdict} |")
-    text = "\n".join(lines) + "\n"
-    print("\n" + text)
-    if args.output != "-":
-        with open(args.output, "w") as f:
-            f.write(text)
-        print(f"written to {os.path.relpath(args.output, REPO)}")
+    write_table(lines, args.output)
     return 0
 
 
