@@ -66,17 +66,19 @@ def test_every_folder_but_the_default_oldest_first(tmp_path):
     assert lines[1] == f"  2.9.1: series {root / 'v2.9.1'}"
     assert [l for l in lines if l.startswith("[")] == ["[2.9.1]", "[2.10.0]", "[2.13.0]"]
     out, vpy = tmp_path / "out", tmp_path / "out" / "venv-2.9.1" / "bin" / "python"
+    # Inductor's caches start cold, in the venv deleted at the end
+    cold = f"TORCHINDUCTOR_CACHE_DIR={out / 'venv-2.9.1' / 'torchinductor-cache'}"
     i = lines.index("[2.9.1]")
     assert lines[i + 1:i + 8] == [
         f"  1 venv     /usr/bin/python3.11 -m venv {out / 'venv-2.9.1'}",
         f"  2 install  PIP_CONSTRAINT={out / 'empty-constraints.txt'} {vpy} -m pip install -q torch==2.9.1 "
         "-r requirements-dev.txt",
-        f"  3 stock    TORCH_FORK_OVERLAY_STOCK_PYTHON={vpy} {vpy} -m pytest -q -p no:cacheprovider -rfEs "
+        f"  3 stock    TORCH_FORK_OVERLAY_STOCK_PYTHON={vpy} {cold} {vpy} -m pytest -q -p no:cacheprovider -rfEs "
         f"--junitxml={out / '2.9.1' / 'stock.xml'} test/test_stock_shows_the_bug.py",
         f"  4 apply    {sys.executable} -m torch_fork_overlay apply --python {vpy}",
-        f"  5 patched  TORCH_FORK_OVERLAY_PATCHED_PYTHON={vpy} {vpy} -m pytest -q -p no:cacheprovider -rfEs "
+        f"  5 patched  TORCH_FORK_OVERLAY_PATCHED_PYTHON={vpy} {cold} {vpy} -m pytest -q -p no:cacheprovider -rfEs "
         f"--junitxml={out / '2.9.1' / 'patched.xml'} test/test_stock_shows_the_bug.py",
-        f"  6 contract {vpy} -m pytest -q -p no:cacheprovider -rfEs -n 2 --junitxml={out / '2.9.1' / 'contract.xml'} "
+        f"  6 contract {cold} {vpy} -m pytest -q -p no:cacheprovider -rfEs -n 2 --junitxml={out / '2.9.1' / 'contract.xml'} "
         "test/dynamo/test_compile_under_fake_mode.py test/dynamo/test_compile_under_fake_mode_guards.py "
         "test/dynamo/test_compile_under_fake_mode_backends.py test/dynamo/test_compile_under_fake_mode_fidelity.py "
         "test/dynamo/test_compile_under_fake_mode_trackers.py "
