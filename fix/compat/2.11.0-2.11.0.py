@@ -23,3 +23,8 @@ def dynamo_skips_for_dispatch_mode() -> bool:
     if config.inline_torch_dispatch_torch_compile:
         return any_torch_dispatch_mode_on_stack()
     return is_in_any_mode_without_ignore_compile_internals()
+
+
+# What Dynamo's callbacks and backend wrappers name the callable they wrap:
+# Dynamo's cache lookup follows it to the backend a cache entry is keyed by.
+WRAPPED_BACKEND_ATTR = "_torchdynamo_orig_backend"

@@ -16,3 +16,9 @@ def is_non_strict_tracing() -> bool:
 def dynamo_skips_for_dispatch_mode() -> bool:
     # As CatchErrorsWrapper decides it.
     return is_in_torch_dispatch_mode(include_infra_modes=False)
+
+
+# What Dynamo's callbacks and backend wrappers name the callable they wrap
+# (_torchdynamo_orig_backend from 2.9 on): Dynamo's cache lookup follows it
+# to the backend a cache entry is keyed by.
+WRAPPED_BACKEND_ATTR = "_torchdynamo_orig_callable"

@@ -16,3 +16,8 @@ def is_non_strict_tracing() -> bool:
 def dynamo_skips_for_dispatch_mode() -> bool:
     # As CatchErrorsWrapper decides it.
     return is_in_any_mode_without_ignore_compile_internals()
+
+
+# What Dynamo's callbacks and backend wrappers name the callable they wrap:
+# Dynamo's cache lookup follows it to the backend a cache entry is keyed by.
+WRAPPED_BACKEND_ATTR = "_torchdynamo_orig_backend"

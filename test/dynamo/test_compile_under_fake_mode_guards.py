@@ -108,8 +108,15 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
         ]
         self.assertEqual(classified, ["_UNMODELLED_GUARD_TYPES"])
 
+    # Real and fake calls look up entries of their own (the callback of a
+    # call under a FakeTensorMode keys its entries by a backend of its own),
+    # so a guard filter that drops every guard never serves a fake call real
+    # code, and the real entry stays without guards.
+    @parametrize("first", ["real", "fake"])
     @parametrize("backend", BACKENDS)
-    def test_skip_all_guards_unsafe_never_serves_fake_calls_real_code(self, backend):
+    def test_skip_all_guards_unsafe_never_serves_fake_calls_real_code(
+        self, backend, first
+    ):
         def skip_all_guards_unsafe(guard_entries):
             # torch.compiler.skip_all_guards_unsafe, which older releases lack
             return [False] * len(guard_entries)
@@ -121,26 +128,37 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
             f, backend=backend, options={"guard_filter_fn": skip_all_guards_unsafe}
         )
         real = torch.randn(4)
-        self.assertEqual(fn(real), real * 2 + 1)
         mode = FakeTensorMode()
-        with mode:
-            fake = torch.randn(4)
-            self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
-        # And the real entry still serves real calls. It is the only entry, and
-        # holds no guard on the inputs or the fake mode: the filter dropped them.
-        # (Releases before 2.10 keep two global-state guards regardless.)
-        self.assertEqual(fn(real), real * 2 + 1)
-        self.assertEqual(frames_compiled(), 1)
-        (entry,) = torch._dynamo.eval_frame._debug_get_cache_entry_list(f)
-        root = entry.guard_manager.root
+        for kind in [first, "fake" if first == "real" else "real"] * 2:
+            if kind == "real":
+                self.assertEqual(fn(real), real * 2 + 1)
+            else:
+                with mode:
+                    fake = torch.randn(4)
+                    self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
+        self.assertEqual(frames_compiled(), 2)
+        entries = torch._dynamo.eval_frame._debug_get_cache_entry_list(f)
+        self.assertEqual(len(entries), 2)
+        # The real entry holds no guard on the inputs or the fake mode: the
+        # filter dropped them. (Releases before 2.10 keep two global-state
+        # guards regardless.)
+        (real_entry,) = [
+            e
+            for e in entries
+            if not getattr(e.guard_manager, "compiled_for_fake_calls", False)
+        ]
+        root = real_entry.guard_manager.root
         self.assertEqual(len(root.get_accessors()), 0)
         self.assertNotIn(
             "LAMBDA_GUARD", [type(guard).__name__ for guard in root.get_leaf_guards()]
         )
+        if backend == "inductor":
+            self.assertEqual(self.inductor_compiles, 1)
 
-    # Under a guard filter, real and fake entries stay apart by input type.
-    @parametrize("first", ["real", "fake"])
-    def test_guard_filter_one_entry_serves_real_and_fake_calls(self, first):
+    # FakeTensors called outside their mode under a guard filter: only their
+    # type tells them apart, and an entry compiled for them has Inductor
+    # compile the graph on its first real call.
+    def test_guard_filter_fake_tensors_outside_a_mode_first(self):
         def skip_all_guards_unsafe(guard_entries):
             return [False] * len(guard_entries)
 
@@ -153,26 +171,20 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
         with mode:
             fake = torch.randn(4)
         real = torch.randn(4)
-        # Fake inputs called outside the mode: only their type tells them
-        # apart, and the one entry, without guards, serves both kinds of call.
-        for kind in [first, "fake" if first == "real" else "real"] * 2:
+        for kind in ["fake", "real"] * 2:
             if kind == "real":
                 self.assertEqual(fn(real), real * 2 + 1)
             else:
                 self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
         self.assertEqual(frames_compiled(), 1)
-        # Inductor's code serves the real calls whichever kind of call came
-        # first: an entry compiled for fake has Inductor compile the graph on
-        # its first real call.
         self.assertEqual(self.inductor_compiles, 1)
 
-    # One entry serves both kinds of call under a guard filter. Real calls run
-    # Inductor's code whichever came first; a fake call predicts the compiled
-    # run where the entry was compiled for it (Inductor's partitioner
-    # recomputes the pointwise ops, so the forward saves only its input) and
-    # eager's figure, with a warning, where it was compiled for real calls.
+    # Under a guard filter, a fake call predicts the compiled run whichever
+    # kind of call came first (Inductor's partitioner recomputes the
+    # pointwise ops, so the forward saves only its input), and real calls run
+    # Inductor's code.
     @parametrize("first", ["real", "fake"])
-    def test_guard_filter_each_kind_of_call_in_one_entry(self, first):
+    def test_guard_filter_each_kind_of_call_predicts_the_compiled_run(self, first):
         def skip_all_guards_unsafe(guard_entries):
             return [False] * len(guard_entries)
 
@@ -192,10 +204,8 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
             out.sum().backward()
             return len(saved)
 
-        eager_saved = saved_by_forward(f, torch.randn(8, requires_grad=True))
-        self.assertEqual(eager_saved, 3)
+        self.assertEqual(saved_by_forward(f, torch.randn(8, requires_grad=True)), 3)
         mode = FakeTensorMode()
-        warned = False
         for kind in [first, "fake" if first == "real" else "real"] * 2:
             if kind == "real":
                 x = torch.randn(8, requires_grad=True)
@@ -204,18 +214,25 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
                 continue
             with mode:
                 x = torch.randn(8, requires_grad=True)
-                if first == "fake":
-                    self.assertEqual(saved_by_forward(fn, x), 1)
-                elif not warned:
-                    # Said once per entry.
-                    with self.assertLogs("torch._dynamo.fake_mode_guards", "WARNING"):
-                        self.assertEqual(saved_by_forward(fn, x), eager_saved)
-                    warned = True
-                else:
-                    self.assertEqual(saved_by_forward(fn, x), eager_saved)
+                self.assertEqual(saved_by_forward(fn, x), 1)
             self.assertIs(x.grad.fake_mode, mode)
-        self.assertEqual(frames_compiled(), 1)
+        self.assertEqual(frames_compiled(), 2)
         self.assertEqual(self.inductor_compiles, 2)  # forward and backward
+
+    # Real tensors passed under a FakeTensorMode(allow_non_fake_inputs=True)
+    # make a fake call, as in eager: the real entry compiled first for the
+    # same inputs never serves it.
+    @parametrize("backend", BACKENDS)
+    def test_real_inputs_under_allow_non_fake_inputs_after_a_real_call(self, backend):
+        fn = torch.compile(lambda x: x.sin() * 2, backend=backend)
+        real = torch.randn(4)
+        self.assertEqual(fn(real), real.sin() * 2)
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        with mode:
+            out, ref = fn(real), real.sin() * 2
+        self.assertOwnedLikeEager(out, ref, mode)
+        self.assertEqual(fn(real), real.sin() * 2)
+        self.assertEqual(frames_compiled(), 2)
 
     @parametrize("backend", BACKENDS)
     def test_real_entries_guards_unchanged(self, backend):

@@ -60,25 +60,24 @@ See Note [Inheriting the ambient FakeTensorMode] below.
 # caching modes) see the ops that run.
 #
 # Guards (fake_mode_guards.py). Real and fake calls must not share an entry.
-# TENSOR_MATCH checks a tensor input's type, so FAKE_TENSOR_MODE goes only
-# where no tensor input tells them apart: on every entry compiled for fake
-# calls, on real entries without tensor inputs, and on real entries of frames
-# already called for fake that none of the frame's own tensor arguments
-# reaches (a module with real parameters called with an int). Frames never
-# called for fake pay nothing. A guard_filter_fn may drop any guard
-# (skip_all_guards_unsafe drops them all, and the entry must then have none),
-# and then one entry serves both kinds of call. An entry compiled for fake
-# calls has the backend compile for real on its first real call
-# (DeferredCompile): a dry run first never leaves real calls running op by
-# op. An entry compiled for real calls tells fake calls apart (a fake mode
-# active, or a FakeTensor among its tensor inputs) and runs them op by op,
-# eager's figures, with a warning: keeping what the backend's graphs would
-# need would cost every user of a guard filter, fake calls or not.
+# A call under a FakeTensorMode installs a callback whose entries Dynamo's
+# cache lookup keys by a backend of their own (callback_for_fake_calls), so
+# such calls never look up real entries, nor real calls theirs, whatever
+# guards a guard_filter_fn left (skip_all_guards_unsafe drops them all, and
+# the entry must then have none): every compiled call pays one dispatch-mode
+# check, nothing per entry. FakeTensors called outside any mode share the
+# usual callback, and TENSOR_MATCH checks a tensor input's type, so
+# FAKE_TENSOR_MODE goes only where no tensor input tells them apart: on every
+# entry compiled for fake calls, on real entries without tensor inputs, and on
+# real entries of frames already called for fake that none of the frame's own
+# tensor arguments reaches (a module with real parameters called with an
+# int). Frames never called for fake pay nothing. Under a guard filter that
+# drops TENSOR_MATCH, such calls reach whatever entry is there, as on stock;
+# an entry compiled for them has the backend compile for real on its first
+# real call (DeferredCompile), so real calls never run op by op.
 # Entries compiled under a user's FakeTensorMode count toward recompile limits
 # of their own (cache_size.py), so a dry run never makes a later real call
-# run eagerly. The price of guarding only what needs it: a real entry with a
-# real tensor argument, compiled first, serves a call that passes real
-# tensors under a FakeTensorMode(allow_non_fake_inputs=True).
+# run eagerly.
 #
 # Dispatch modes (fake_mode_trackers.py). Dynamo skips frames called under a
 # non-infra dispatch mode (a tracker such as FlopCounterMode or MemTracker):
@@ -299,8 +298,10 @@ class DeferredCompile:
     The backend's real compile of a graph compiled for fake calls, made on
     its first real call, as Dynamo would have made it for the frame. A
     guard_filter_fn may drop the guards that keep real and fake calls apart
-    (skip_all_guards_unsafe drops them all), and then one entry serves both:
-    real calls after a fake dry run run the backend's artifact, at its speed.
+    (skip_all_guards_unsafe drops them all), and then an entry real calls
+    look up (FakeTensors called outside any mode, a mode entered inside a
+    compiled region) serves both: real calls after a fake dry run run the
+    backend's artifact, at its speed.
     Holds a copy of the graph the backend is given (it may rewrite that one
     in place), the example inputs and the TracingContext until then. Guards
     the backend would add on that compile are not installed: the filter

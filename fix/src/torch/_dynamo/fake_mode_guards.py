@@ -3,24 +3,17 @@ Real and fake calls of a compiled frame never share a cache entry.
 See Note [Inheriting the ambient FakeTensorMode] in ambient_fake_mode.py.
 """
 
-import logging
-import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TYPE_CHECKING
 
 import torch
-from torch import fx
-from torch._subclasses.fake_tensor import FakeTensor
 
-from . import fake_mode_compat
-from .ambient_fake_mode import codes_compiled_for_fake, make_runtime, state
+from . import config, fake_mode_compat
+from .ambient_fake_mode import codes_compiled_for_fake, state, tracer_owns_call
 
 
 if TYPE_CHECKING:
     from .output_graph import OutputGraph
-
-
-log = logging.getLogger(__name__)
 
 
 def fake_mode_active() -> bool:
@@ -124,88 +117,66 @@ def is_fake_call(frame: Any) -> bool:
     return state.enabled and state.mode is not None
 
 
-def needs_fake_calls_told_apart(output_graph: "OutputGraph") -> bool:
+def callback_for_fake_calls(callback: Any) -> Any:
     """
-    A guard_filter_fn may drop the guards that keep a real entry from fake
-    calls: such an entry tells them apart when called.
+    The callback Dynamo installs for a call made under a FakeTensorMode: it
+    compiles as the given one does, but its cache entries are keyed by a
+    backend of their own (_FakeCallsBackend), so Dynamo's cache lookup never
+    runs an entry compiled for real calls on a fake one, nor the reverse,
+    whatever guards a guard_filter_fn left (skip_all_guards_unsafe leaves
+    none). Real calls pay one dispatch-mode check in eval_frame, nothing per
+    entry. A tracer's own FakeTensorMode (export, make_fx, AOTAutograd) keeps
+    the given callback, as capture_ambient_fake_mode does.
     """
-    return output_graph.fake_calls.enabled and output_graph.fake_calls.guards_filtered
+    if callback is None or callback is False or not config.inherit_ambient_fake_mode:
+        return callback
+    if tracer_owns_call():
+        return callback
+    return _FakeCallsCallback(callback)
 
 
-def run_fake_calls_apart(
-    output_graph: "OutputGraph",
-    gm: fx.GraphModule,
-    example_inputs: Sequence[Any],
-    call_user_compiler: Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]],
-) -> Callable[..., Any]:
+class _FakeCallsBackend:
     """
-    A real entry whose guards a guard_filter_fn filtered may be hit by a fake
-    call: that call runs the captured graph op by op under its mode instead
-    of the backend's artifact (which may read FakeTensors' data). A call is
-    fake if a fake mode is active or a tensor it passes is a FakeTensor.
-    Nothing more is kept for such calls, which users of guard filters who
-    never call under fake would pay for: they predict eager's memory, not the
-    compiled run's, and say so once.
+    The backend cache entries compiled for fake calls are keyed by: equal to
+    another one wrapping an equal backend (as Dynamo compares backends), and
+    never equal to a backend itself.
     """
-    runtime = make_runtime(gm)
-    compiled_fn = _forced_lazy_forward(call_user_compiler(gm, example_inputs))
-    tensor_inputs = [i for i, arg in enumerate(output_graph.graphargs) if arg.is_tensor]
-    get_mode = torch._C._get_dispatch_mode
-    fake_key = torch._C._TorchDispatchModeKey.FAKE
-    warned = False
 
-    def run_fake_call(*args: Any) -> Any:
-        nonlocal warned
-        if not warned:
-            warned = True
-            log.warning(
-                "A fake call is served by an entry compiled for real calls under "
-                "a guard_filter_fn: it runs the captured graph op by op (eager's "
-                "saved tensors, not the compiled run's). Make the first call "
-                "under the FakeTensorMode for the compiled run's."
-            )
-        return runtime(*args)
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
 
-    # Every real call pays this check: the tensor inputs' types are looked
-    # up in C (itemgetter, map), not in a Python loop.
-    if len(tensor_inputs) > 1:
-        tensors = operator.itemgetter(*tensor_inputs)
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _FakeCallsBackend and (
+            other.backend is self.backend or other.backend == self.backend
+        )
 
-        def run(*args: Any) -> Any:
-            if get_mode(fake_key) is None and FakeTensor not in map(type, tensors(args)):
-                return compiled_fn(*args)
-            return run_fake_call(*args)
-
-    elif tensor_inputs:
-        (index,) = tensor_inputs
-
-        def run(*args: Any) -> Any:
-            if get_mode(fake_key) is None and type(args[index]) is not FakeTensor:
-                return compiled_fn(*args)
-            return run_fake_call(*args)
-
-    else:
-
-        def run(*args: Any) -> Any:
-            if get_mode(fake_key) is None:
-                return compiled_fn(*args)
-            return run_fake_call(*args)
-
-    return run
+    __hash__ = None  # type: ignore[assignment]
 
 
-def _forced_lazy_forward(compiled_fn: Callable[..., Any]) -> Callable[..., Any]:
-    """
-    The real forward of a _LazyGraphModule a backend returns, as Dynamo takes
-    it when the backend's answer is not wrapped: calling the lazy one goes
-    through nn.Module.__call__ on every call.
-    """
-    from torch.fx._lazy_graph_module import _LazyGraphModule
+class _FakeCallsCallback:
+    def __init__(self, callback: Any) -> None:
+        self.callback = callback
+        backend = callback
+        while hasattr(backend, fake_mode_compat.WRAPPED_BACKEND_ATTR):
+            backend = getattr(backend, fake_mode_compat.WRAPPED_BACKEND_ATTR)
+        # Dynamo's cache lookup follows this attribute, with borrowed
+        # references, and its entries keep the backend they were compiled
+        # for: one key per backend, alive as long as the backend is.
+        key = getattr(backend, "_torchdynamo_fake_calls_backend", None)
+        if key is None:
+            key = _keys_of_frozen_backends.get(id(backend))
+        if key is None:
+            key = _FakeCallsBackend(backend)
+            try:
+                backend._torchdynamo_fake_calls_backend = key
+            except AttributeError:
+                _keys_of_frozen_backends[id(backend)] = key
+        setattr(self, fake_mode_compat.WRAPPED_BACKEND_ATTR, key)
 
-    lazy_gm = getattr(compiled_fn, "__self__", compiled_fn)
-    if isinstance(lazy_gm, _LazyGraphModule) and (
-        compiled_fn is lazy_gm or compiled_fn.__name__ == "_lazy_forward"
-    ):
-        _LazyGraphModule.force_recompile(lazy_gm)
-        return lazy_gm.forward
-    return compiled_fn
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.callback(*args, **kwargs)
+
+
+# Keys of backends that take no attribute (a builtin function), by id: each
+# key holds its backend, so the id is never reused while it is here.
+_keys_of_frozen_backends: dict[int, _FakeCallsBackend] = {}
