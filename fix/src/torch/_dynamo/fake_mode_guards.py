@@ -119,16 +119,19 @@ def is_fake_call(frame: Any) -> bool:
 
 def callback_for_fake_calls(callback: Any) -> Any:
     """
-    The callback Dynamo installs for a call made under a FakeTensorMode: it
-    compiles as the given one does, but its cache entries are keyed by a
-    backend of their own (_FakeCallsBackend), so Dynamo's cache lookup never
-    runs an entry compiled for real calls on a fake one, nor the reverse,
-    whatever guards a guard_filter_fn left (skip_all_guards_unsafe leaves
-    none). Real calls pay one dispatch-mode check in eval_frame, nothing per
-    entry. A tracer's own FakeTensorMode (export, make_fx, AOTAutograd) keeps
-    the given callback, as capture_ambient_fake_mode does.
+    The callback Dynamo installs for a call made while a dispatch mode is
+    active: under a FakeTensorMode, one that compiles as the given one does
+    but whose cache entries are keyed by a backend of their own
+    (_FakeCallsBackend), so Dynamo's cache lookup never runs an entry
+    compiled for real calls on a fake one, nor the reverse, whatever guards a
+    guard_filter_fn left (skip_all_guards_unsafe leaves none). Calls outside
+    any dispatch mode pay one flag check in eval_frame, nothing per entry. A
+    tracer's own FakeTensorMode (export, make_fx, AOTAutograd) keeps the
+    given callback, as capture_ambient_fake_mode does.
     """
     if callback is None or callback is False or not config.inherit_ambient_fake_mode:
+        return callback
+    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None:
         return callback
     if tracer_owns_call():
         return callback
