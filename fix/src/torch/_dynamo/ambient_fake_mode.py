@@ -64,8 +64,8 @@ See Note [Inheriting the ambient FakeTensorMode] below.
 # cache lookup keys by a backend of their own (callback_for_fake_calls), so
 # such calls never look up real entries, nor real calls theirs, whatever
 # guards a guard_filter_fn left (skip_all_guards_unsafe drops them all, and
-# the entry must then have none): every compiled call pays one dispatch-mode
-# check, nothing per entry. FakeTensors called outside any mode share the
+# the entry must then have none): every compiled call pays one flag read,
+# nothing per entry. FakeTensors called outside any mode share the
 # usual callback, and TENSOR_MATCH checks a tensor input's type, so
 # FAKE_TENSOR_MODE goes only where no tensor input tells them apart: on every
 # entry compiled for fake calls, on real entries without tensor inputs, and on
