@@ -234,6 +234,39 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
         self.assertEqual(fn(real), real.sin() * 2)
         self.assertEqual(frames_compiled(), 2)
 
+    # Fake entries are keyed by the backend as Dynamo keys real ones: two
+    # torch.compile calls with equal backends share them, and the key neither
+    # keeps the user's backend alive nor writes on it.
+    def test_fake_entries_share_equal_backends_and_let_them_go(self):
+        import gc
+        import weakref
+
+        def f(x):
+            return x * 2 + 1
+
+        mode = FakeTensorMode()
+        with mode:
+            fake = torch.randn(4)
+            for _ in range(2):
+                fn = torch.compile(f, backend="inductor")
+                self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
+        self.assertEqual(frames_compiled(), 1)
+
+        class Owner:
+            def backend(self, gm, example_inputs):
+                return gm.forward
+
+        owner = Owner()
+        fn = torch._dynamo.optimize(owner.backend)(lambda x: x - 1)
+        with mode:
+            self.assertOwnedLikeEager(fn(fake), fake - 1, mode)
+        self.assertEqual(vars(owner), {})
+        alive = weakref.ref(owner)
+        del owner, fn
+        torch._dynamo.reset()
+        gc.collect()
+        self.assertIsNone(alive())
+
     @parametrize("backend", BACKENDS)
     def test_real_entries_guards_unchanged(self, backend):
         def guards_of(fn, *args):

@@ -3,6 +3,7 @@ Real and fake calls of a compiled frame never share a cache entry.
 See Note [Inheriting the ambient FakeTensorMode] in ambient_fake_mode.py.
 """
 
+import weakref
 from collections.abc import Callable
 from typing import Any, TYPE_CHECKING
 
@@ -125,9 +126,11 @@ def callback_for_fake_calls(callback: Any) -> Any:
     (_FakeCallsBackend), so Dynamo's cache lookup never runs an entry
     compiled for real calls on a fake one, nor the reverse, whatever guards a
     guard_filter_fn left (skip_all_guards_unsafe leaves none). Calls outside
-    any dispatch mode pay one flag check in eval_frame, nothing per entry. A
-    tracer's own FakeTensorMode (export, make_fx, AOTAutograd) keeps the
-    given callback, as capture_ambient_fake_mode does.
+    any dispatch mode pay one flag read in compile_wrapper, nothing per
+    entry. A tracer's own FakeTensorMode (export, make_fx, AOTAutograd) keeps
+    the given callback, as capture_ambient_fake_mode does. Run-only lookups
+    (callback False: torch._dynamo.run, the eager_on_recompile stance) match
+    entries of every backend, so there only guards keep the two apart.
     """
     if callback is None or callback is False or not config.inherit_ambient_fake_mode:
         return callback
@@ -141,45 +144,58 @@ def callback_for_fake_calls(callback: Any) -> Any:
 class _FakeCallsBackend:
     """
     The backend cache entries compiled for fake calls are keyed by: equal to
-    another one wrapping an equal backend (as Dynamo compares backends), and
-    never equal to a backend itself.
+    another one for an equal backend (as Dynamo compares backends), never
+    equal to a backend itself. It holds its backend weakly, and lives as long
+    as the backend does (_fake_calls_backends), as the entries compiled for
+    the backend need: Dynamo's cache lookup reads it through borrowed
+    references.
     """
 
     def __init__(self, backend: Any) -> None:
-        self.backend = backend
+        try:
+            self.backend = weakref.ref(backend)
+        except TypeError:
+            # No weak reference to it (a builtin): kept for good.
+            self.backend = lambda: backend
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is _FakeCallsBackend and (
-            other.backend is self.backend or other.backend == self.backend
-        )
+        if type(other) is not _FakeCallsBackend:
+            return False
+        mine, theirs = self.backend(), other.backend()
+        return mine is not None and (mine is theirs or mine == theirs)
 
     __hash__ = None  # type: ignore[assignment]
 
 
+# The key of each backend called under a FakeTensorMode, by id, until the
+# backend goes; nothing is written on the user's backend.
+_fake_calls_backends: dict[int, _FakeCallsBackend] = {}
+
+
+def _fake_calls_backend(backend: Any) -> _FakeCallsBackend:
+    key = _fake_calls_backends.get(id(backend))
+    if key is None or key.backend() is not backend:
+        key = _fake_calls_backends[id(backend)] = _FakeCallsBackend(backend)
+        try:
+            weakref.finalize(backend, _fake_calls_backends.pop, id(backend), None)
+        except TypeError:
+            pass
+    return key
+
+
 class _FakeCallsCallback:
+    """
+    Compiles as the callback it wraps, for calls under a FakeTensorMode: the
+    attribute Dynamo's cache lookup follows to a callback's backend ends at
+    the backend's _FakeCallsBackend.
+    """
+
     def __init__(self, callback: Any) -> None:
         self.callback = callback
         backend = callback
         while hasattr(backend, fake_mode_compat.WRAPPED_BACKEND_ATTR):
             backend = getattr(backend, fake_mode_compat.WRAPPED_BACKEND_ATTR)
-        # Dynamo's cache lookup follows this attribute, with borrowed
-        # references, and its entries keep the backend they were compiled
-        # for: one key per backend, alive as long as the backend is.
-        key = getattr(backend, "_torchdynamo_fake_calls_backend", None)
-        if key is None:
-            key = _keys_of_frozen_backends.get(id(backend))
-        if key is None:
-            key = _FakeCallsBackend(backend)
-            try:
-                backend._torchdynamo_fake_calls_backend = key
-            except AttributeError:
-                _keys_of_frozen_backends[id(backend)] = key
-        setattr(self, fake_mode_compat.WRAPPED_BACKEND_ATTR, key)
+        setattr(self, fake_mode_compat.WRAPPED_BACKEND_ATTR, _fake_calls_backend(backend))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.callback(*args, **kwargs)
-
-
-# Keys of backends that take no attribute (a builtin function), by id: each
-# key holds its backend, so the id is never reused while it is here.
-_keys_of_frozen_backends: dict[int, _FakeCallsBackend] = {}
