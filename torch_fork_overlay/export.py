@@ -351,7 +351,7 @@ def export(
         f"git checkout {back}   # to go back to where you were",
     ]
     if base != "main":
-        nxt.insert(2, f"git fetch origin && git rebase origin/main   # PRs target main; or rerun with --base main")
+        nxt.insert(2, "git fetch origin && git rebase origin/main   # PRs target main; or rerun with --base main")
     echo(f"export: created branch {branch} with {len(log)} commit(s) on {base}:")
     for line in log:
         echo(f"  {line}")

@@ -86,7 +86,7 @@ def download_wheel(*, version: str, cache_dir: Path) -> Path:
         raise OverlayError(
             f"pip download torch=={version} finished but left no wheel in {dest}",
             cause="pip's output format changed or the download was not a wheel",
-            next=f"pass the wheel explicitly: python -m torch_fork_overlay wheel --wheel PATH",
+            next="pass the wheel explicitly: python -m torch_fork_overlay wheel --wheel PATH",
         )
     return found[-1]
 

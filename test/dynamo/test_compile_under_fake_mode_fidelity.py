@@ -475,7 +475,7 @@ class CompileUnderFakeModeFidelityTests(torch._dynamo.test_case.TestCase):
 
         real = calls(torch.randn(6, 3), torch.randn(3))
         torch._dynamo.reset()
-        with FakeTensorMode() as mode:
+        with FakeTensorMode():
             fake = calls(torch.randn(6, 3), torch.randn(3))
         self.assertEqual(fake, real)
 

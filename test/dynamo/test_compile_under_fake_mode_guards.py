@@ -333,6 +333,74 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
         if backend == "inductor":
             self.assertEqual(self.inductor_compiles, 1)
 
+    # A fake call past its own recompile limit runs eagerly, and only that
+    # call: the frame still compiles for the real calls that follow.
+    @parametrize("backend", BACKENDS)
+    def test_fake_calls_past_their_limit_leave_real_calls_compiling(self, backend):
+        cnt = CompileCounterWithBackend(backend)
+        fn = torch.compile(lambda x: x * 2 + 1, backend=cnt)
+        with torch._dynamo.config.patch(recompile_limit=1):
+            with FakeTensorMode() as mode:
+                for shape in [(3,), (5, 5), (5, 5)]:
+                    fake = torch.randn(shape)
+                    self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
+            self.assertEqual(cnt.frame_count, 1)
+            real = torch.randn(5, 5)
+            self.assertEqual(fn(real), real * 2 + 1)
+            self.assertEqual(cnt.frame_count, 2)
+            # Fake calls at the new shape still run eagerly.
+            with FakeTensorMode() as mode:
+                fake = torch.randn(5, 5)
+                self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
+            self.assertEqual(cnt.frame_count, 2)
+        # After a reset the frame compiles for fake calls again.
+        torch._dynamo.reset()
+        with FakeTensorMode() as mode:
+            fake = torch.randn(5, 5)
+            self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
+        self.assertEqual(cnt.frame_count, 3)
+
+    # Automatic dynamic shapes: a dry run at another shape does not make the
+    # next real compile dynamic; fake calls learn on their own, from what
+    # real calls learned.
+    def test_fake_calls_keep_their_own_automatic_dynamic_state(self):
+        cnt = CompileCounterWithBackend("eager")
+        fn = torch.compile(lambda x: x * 2 + 1, backend=cnt)
+
+        def compiled_dynamic():
+            return any(
+                isinstance(node.meta.get("example_value"), torch.SymInt)
+                for node in cnt.graphs[-1].graph.find_nodes(op="placeholder")
+            )
+
+        with FakeTensorMode():
+            fn(torch.randn(4))
+        self.assertFalse(compiled_dynamic())
+        real = torch.randn(8)
+        self.assertEqual(fn(real), real * 2 + 1)
+        self.assertEqual(cnt.frame_count, 2)
+        self.assertFalse(compiled_dynamic())
+        # A second fake shape: the fake calls' own recompilation is dynamic.
+        with FakeTensorMode() as mode:
+            fake = torch.randn(6)
+            self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
+        self.assertEqual(cnt.frame_count, 3)
+        self.assertTrue(compiled_dynamic())
+        # Real calls learn as without the dry runs: their second shape is.
+        real = torch.randn(16)
+        self.assertEqual(fn(real), real * 2 + 1)
+        self.assertEqual(cnt.frame_count, 4)
+        self.assertTrue(compiled_dynamic())
+        # And a fake call copies what real calls learned when it starts: at
+        # yet another shape, after a reset of the fake side's view, it is
+        # dynamic from its first compile.
+        torch._dynamo.reset()
+        fn(torch.randn(8))
+        fn(torch.randn(16))
+        with FakeTensorMode():
+            fn(torch.randn(12))
+        self.assertTrue(compiled_dynamic())
+
     # A module with real parameters called with an int: no tensor input of the
     # frame tells a fake call from a real one, so both entries guard on the
     # fake mode, whichever came first.

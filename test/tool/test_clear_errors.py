@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SYNTH_DIST_INFO, make_synthetic_install, run_cli, tree_digest
+from conftest import SYNTH_DIST_INFO, run_cli, tree_digest
 from torch_fork_overlay import state as st
 from test_crash_safety import assert_record_matches_files
 

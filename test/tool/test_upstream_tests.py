@@ -11,7 +11,6 @@ real pytest runs, not on mocks. Boundaries of the rules are unit tests of
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 

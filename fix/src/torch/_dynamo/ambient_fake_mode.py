@@ -77,7 +77,10 @@ See Note [Inheriting the ambient FakeTensorMode] below.
 # real call (DeferredCompile), so real calls never run op by op.
 # Entries compiled under a user's FakeTensorMode count toward recompile limits
 # of their own (cache_size.py), so a dry run never makes a later real call
-# run eagerly.
+# run eagerly; past their limit, fake calls run their entries only, without
+# marking the code run-only for real ones. Automatic dynamic shapes learn from
+# fake calls into a copy of real calls' code state (code_state_of_call): a
+# dry run at another shape leaves the next real compile static.
 #
 # Dispatch modes (fake_mode_trackers.py). Dynamo skips frames called under a
 # non-infra dispatch mode (a tracker such as FlopCounterMode or MemTracker):
@@ -143,13 +146,16 @@ __all__ = [
     "DeferredCompile",
     "FakeCalls",
     "FakeModeRuntime",
+    "active_fake_mode",
     "backend_graphs_for_fake_calls",
     "capture_ambient_fake_mode",
     "compile_unlowered",
     "compile_unlowered_kernels",
     "called_with_fakes",
+    "fake_modes_of",
     "state",
     "tracer_owns_call",
+    "users_fake_mode",
 ]
 
 
@@ -173,6 +179,34 @@ state = _AmbientFakeModeState()
 # Code objects of frames compiled for fake calls: a real entry compiled later
 # for such a frame guards on the fake mode (see fake_mode_guards.py).
 codes_compiled_for_fake: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def active_fake_mode() -> Optional[FakeTensorMode]:
+    """The FakeTensorMode active on this thread, a user's or a tracer's."""
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+
+
+def users_fake_mode() -> Optional[FakeTensorMode]:
+    """
+    The user's FakeTensorMode this call runs under, if any: the active one,
+    unless a tracer owns the call (its mode is the tracer's) or
+    config.inherit_ambient_fake_mode is off.
+    """
+    if not config.inherit_ambient_fake_mode:
+        return None
+    mode = active_fake_mode()
+    if mode is None or tracer_owns_call():
+        return None
+    return mode
+
+
+def fake_modes_of(args: Sequence[Any]) -> set[FakeTensorMode]:
+    """The modes of the FakeTensors among args, and the active one."""
+    modes = {arg.fake_mode for arg in args if isinstance(arg, FakeTensor)}
+    mode = active_fake_mode()
+    if mode is not None:
+        modes.add(mode)
+    return modes
 
 
 def tracer_owns_call() -> bool:
@@ -202,11 +236,7 @@ def capture_ambient_fake_mode(guard_filter_fn: Optional[Callable[..., Any]]) -> 
     """
     prev = (state.enabled, state.mode, state.guards_filtered)
     state.enabled = config.inherit_ambient_fake_mode and not tracer_owns_call()
-    state.mode = (
-        torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
-        if state.enabled
-        else None
-    )
+    state.mode = active_fake_mode() if state.enabled else None
     state.guards_filtered = guard_filter_fn is not None
     try:
         yield
@@ -288,9 +318,9 @@ class FakeModeRuntime:
 
 def called_with_fakes(args: Sequence[Any]) -> bool:
     """A call under a FakeTensorMode, or on FakeTensors made by one."""
-    return torch._C._get_dispatch_mode(
-        torch._C._TorchDispatchModeKey.FAKE
-    ) is not None or any(isinstance(arg, FakeTensor) for arg in args)
+    return active_fake_mode() is not None or any(
+        isinstance(arg, FakeTensor) for arg in args
+    )
 
 
 class DeferredCompile:
@@ -383,11 +413,7 @@ def _copy_for_backend(output_graph: "OutputGraph", gm: fx.GraphModule) -> fx.Gra
 
 
 def _mixes_fake_modes(args: Sequence[Any]) -> bool:
-    modes = {arg.fake_mode for arg in args if isinstance(arg, FakeTensor)}
-    ambient_mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
-    if ambient_mode is not None:
-        modes.add(ambient_mode)
-    return len(modes) > 1
+    return len(fake_modes_of(args)) > 1
 
 
 def make_runtime(gm: fx.GraphModule) -> FakeModeRuntime:
@@ -486,7 +512,7 @@ class _Replay:
         """The call's key and mode, or None if it must run the graph."""
         from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-        mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+        mode = active_fake_mode()
         if (
             len(_get_current_dispatch_mode_stack()) > (mode is not None)
             or torch._C._functorch.peek_interpreter_stack() is not None
@@ -684,7 +710,7 @@ def _fake_mode_of(args: Sequence[Any]) -> Any:
     leaving it): the factory ops of a backend's decompositions must make
     FakeTensors too.
     """
-    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None:
+    if active_fake_mode() is None:
         for arg in args:
             if isinstance(arg, FakeTensor):
                 return arg.fake_mode

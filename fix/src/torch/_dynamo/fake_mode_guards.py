@@ -3,14 +3,19 @@ Real and fake calls of a compiled frame never share a cache entry.
 See Note [Inheriting the ambient FakeTensorMode] in ambient_fake_mode.py.
 """
 
+import copy
 import weakref
 from collections.abc import Callable
 from typing import Any, TYPE_CHECKING
 
-import torch
-
-from . import config, fake_mode_compat
-from .ambient_fake_mode import codes_compiled_for_fake, state, tracer_owns_call
+from . import fake_mode_compat
+from .ambient_fake_mode import (
+    active_fake_mode,
+    codes_compiled_for_fake,
+    state,
+    users_fake_mode,
+)
+from .types import ConvertFrameReturn, FrameAction, FrameExecStrategy
 
 
 if TYPE_CHECKING:
@@ -24,10 +29,7 @@ def fake_mode_active() -> bool:
     same-frame guard check runs that way, as every other guard needs): then it
     is the mode the frame was called under.
     """
-    return (
-        torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
-        or state.mode is not None
-    )
+    return active_fake_mode() is not None or state.mode is not None
 
 
 def _frame_tensor_inputs(output_graph: "OutputGraph") -> list[int]:
@@ -118,6 +120,36 @@ def is_fake_call(frame: Any) -> bool:
     return state.enabled and state.mode is not None
 
 
+# What automatic dynamic shapes learned from fake calls, per frame (CodeId),
+# and the code states of real calls (pgo.py's) it was copied from.
+_fake_calls_code_states: tuple[Any, dict[Any, Any]] = (None, {})
+
+
+def code_state_of_call(code_states: Any, code_id: Any) -> Any:
+    """
+    What automatic dynamic shapes (pgo.py's code_states) knows of a frame, for
+    the compile of the current call. A call under a user's FakeTensorMode
+    starts from what real calls learned (it predicts the next real call) and
+    learns into a copy of its own: a dry run at another shape must not make
+    the next real compile dynamic. The copies go with the code states they
+    were made from (torch._dynamo.reset() makes new ones).
+    """
+    global _fake_calls_code_states
+    if not is_fake_call(None):
+        return code_states[code_id]
+    real, fakes = _fake_calls_code_states
+    if real is not code_states:
+        fakes = {}
+        _fake_calls_code_states = (code_states, fakes)
+    if code_id not in fakes:
+        fakes[code_id] = (
+            copy.deepcopy(code_states[code_id])
+            if code_id in code_states
+            else code_states.default_factory()
+        )
+    return fakes[code_id]
+
+
 def callback_for_fake_calls(callback: Any) -> Any:
     """
     The callback Dynamo installs for a call made while a dispatch mode is
@@ -132,11 +164,7 @@ def callback_for_fake_calls(callback: Any) -> Any:
     (callback False: torch._dynamo.run, the eager_on_recompile stance) match
     entries of every backend, so there only guards keep the two apart.
     """
-    if callback is None or callback is False or not config.inherit_ambient_fake_mode:
-        return callback
-    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None:
-        return callback
-    if tracer_owns_call():
+    if callback is None or callback is False or users_fake_mode() is None:
         return callback
     return _FakeCallsCallback(callback)
 
@@ -197,5 +225,33 @@ class _FakeCallsCallback:
             backend = getattr(backend, fake_mode_compat.WRAPPED_BACKEND_ATTR)
         setattr(self, fake_mode_compat.WRAPPED_BACKEND_ATTR, _fake_calls_backend(backend))
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.callback(*args, **kwargs)
+    def __call__(self, frame: Any, cache_entry: Any, *args: Any, **kwargs: Any) -> Any:
+        # A frame whose fake calls hit their recompile limit runs only its
+        # entries on fake calls, as Dynamo makes a frame past its limit do,
+        # but the code object keeps no such strategy: real calls still
+        # compile. (Its entries went, torch._dynamo.reset(): it compiles.)
+        code = frame.f_code
+        if cache_entry is not None and code in _codes_past_fake_recompile_limit:
+            return _run_only_this_call()
+        _codes_past_fake_recompile_limit.discard(code)
+        result = self.callback(frame, cache_entry, *args, **kwargs)
+        if (
+            isinstance(result, ConvertFrameReturn)
+            and result.apply_to_code
+            and result.frame_exec_strategy.cur_action == FrameAction.RUN_ONLY
+        ):
+            _codes_past_fake_recompile_limit.add(code)
+            return _run_only_this_call()
+        return result
+
+
+# Code objects whose fake calls hit their recompile limit (the only reason
+# Dynamo runs a frame's existing entries only).
+_codes_past_fake_recompile_limit: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def _run_only_this_call() -> ConvertFrameReturn:
+    return ConvertFrameReturn(
+        frame_exec_strategy=FrameExecStrategy(FrameAction.RUN_ONLY, FrameAction.RUN_ONLY),
+        apply_to_code=False,
+    )

@@ -30,7 +30,7 @@ from torch.fx.experimental.symbolic_shapes import free_symbols
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from . import config
-from .ambient_fake_mode import FakeModeRuntime
+from .ambient_fake_mode import fake_modes_of, FakeModeRuntime
 from .utils import counters
 
 
@@ -58,16 +58,12 @@ def _may_replay(args: Sequence[Any]) -> bool:
     ):
         return False
     grad_enabled = torch.is_grad_enabled()
-    modes = set()
     for arg in args:
-        if isinstance(arg, Tensor):
-            if not isinstance(arg, FakeTensor) or (grad_enabled and arg.requires_grad):
-                return False
-            modes.add(arg.fake_mode)
-    ambient_mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
-    if ambient_mode is not None:
-        modes.add(ambient_mode)
-    return len(modes) == 1
+        if isinstance(arg, Tensor) and (
+            not isinstance(arg, FakeTensor) or (grad_enabled and arg.requires_grad)
+        ):
+            return False
+    return len(fake_modes_of(args)) == 1
 
 
 def _outputs_alias(gm: fx.GraphModule) -> bool:

@@ -6,10 +6,8 @@ ambient_fake_mode.py.
 
 import logging
 
-import torch
-
-from . import config, fake_mode_compat
-from .ambient_fake_mode import tracer_owns_call
+from . import fake_mode_compat
+from .ambient_fake_mode import users_fake_mode
 
 
 log = logging.getLogger(__name__)
@@ -27,9 +25,7 @@ def frames_run_eagerly_under_modes() -> bool:
     no compiled frames" for it.
     """
     if (
-        not config.inherit_ambient_fake_mode
-        or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None
-        or tracer_owns_call()
+        users_fake_mode() is None
         or not fake_mode_compat.dynamo_skips_for_dispatch_mode()
     ):
         return False
