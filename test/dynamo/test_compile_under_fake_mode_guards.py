@@ -353,12 +353,15 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
                 fake = torch.randn(5, 5)
                 self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
             self.assertEqual(cnt.frame_count, 2)
-        # After a reset the frame compiles for fake calls again.
+        # After a reset the frame compiles for fake calls again, also when a
+        # real call compiles it first.
         torch._dynamo.reset()
+        self.assertEqual(fn(real), real * 2 + 1)
+        self.assertEqual(cnt.frame_count, 3)
         with FakeTensorMode() as mode:
             fake = torch.randn(5, 5)
             self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
-        self.assertEqual(cnt.frame_count, 3)
+        self.assertEqual(cnt.frame_count, 4)
 
     # Automatic dynamic shapes: a dry run at another shape does not make the
     # next real compile dynamic; fake calls learn on their own, from what
@@ -372,6 +375,14 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
                 isinstance(node.meta.get("example_value"), torch.SymInt)
                 for node in cnt.graphs[-1].graph.find_nodes(op="placeholder")
             )
+
+        def dynamic_dims():
+            (x,) = (
+                node.meta["example_value"]
+                for node in cnt.graphs[-1].graph.find_nodes(op="placeholder")
+                if isinstance(node.meta.get("example_value"), torch.Tensor)
+            )
+            return [isinstance(size, torch.SymInt) for size in x.shape]
 
         with FakeTensorMode():
             fn(torch.randn(4))
@@ -391,15 +402,17 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
         self.assertEqual(fn(real), real * 2 + 1)
         self.assertEqual(cnt.frame_count, 4)
         self.assertTrue(compiled_dynamic())
-        # And a fake call copies what real calls learned when it starts: at
-        # yet another shape, after a reset of the fake side's view, it is
-        # dynamic from its first compile.
+        # And fake calls learn what real calls learned, whenever they did: as
+        # a real call at (4, 7) would, the fake one compiles both dims dynamic.
         torch._dynamo.reset()
-        fn(torch.randn(8))
-        fn(torch.randn(16))
         with FakeTensorMode():
-            fn(torch.randn(12))
-        self.assertTrue(compiled_dynamic())
+            fn(torch.randn(4, 3))
+        fn(torch.randn(8, 3))
+        fn(torch.randn(8, 5))
+        self.assertEqual(dynamic_dims(), [False, True])
+        with FakeTensorMode():
+            fn(torch.randn(4, 7))
+        self.assertEqual(dynamic_dims(), [True, True])
 
     # A module with real parameters called with an int: no tensor input of the
     # frame tells a fake call from a real one, so both entries guard on the

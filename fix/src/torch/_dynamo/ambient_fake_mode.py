@@ -79,8 +79,9 @@ See Note [Inheriting the ambient FakeTensorMode] below.
 # of their own (cache_size.py), so a dry run never makes a later real call
 # run eagerly; past their limit, fake calls run their entries only, without
 # marking the code run-only for real ones. Automatic dynamic shapes learn from
-# fake calls into a copy of real calls' code state (code_state_of_call): a
-# dry run at another shape leaves the next real compile static.
+# fake calls into a code state of their own, joined with real calls'
+# (code_state_of_call): a dry run at another shape leaves the next real
+# compile static.
 #
 # Dispatch modes (fake_mode_trackers.py). Dynamo skips frames called under a
 # non-infra dispatch mode (a tracker such as FlopCounterMode or MemTracker):

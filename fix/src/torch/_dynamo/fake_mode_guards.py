@@ -8,6 +8,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TYPE_CHECKING
 
+import torch
+
 from . import fake_mode_compat
 from .ambient_fake_mode import (
     active_fake_mode,
@@ -120,34 +122,39 @@ def is_fake_call(frame: Any) -> bool:
     return state.enabled and state.mode is not None
 
 
-# What automatic dynamic shapes learned from fake calls, per frame (CodeId),
-# and the code states of real calls (pgo.py's) it was copied from.
-_fake_calls_code_states: tuple[Any, dict[Any, Any]] = (None, {})
+# What automatic dynamic shapes learned from fake calls: a code state per
+# frame (CodeId), and per frame and input the entry of real calls last joined
+# into it; for the code states of real calls (pgo.py's) they came from.
+_fake_calls_code_states: tuple[Any, dict[Any, Any], dict[Any, Any]] = (None, {}, {})
 
 
-def code_state_of_call(code_states: Any, code_id: Any) -> Any:
+def code_state_of_call(code_states: Any, code_id: Any, name: str) -> Any:
     """
     What automatic dynamic shapes (pgo.py's code_states) knows of a frame, for
-    the compile of the current call. A call under a user's FakeTensorMode
-    starts from what real calls learned (it predicts the next real call) and
-    learns into a copy of its own: a dry run at another shape must not make
-    the next real compile dynamic. The copies go with the code states they
-    were made from (torch._dynamo.reset() makes new ones).
+    the compile of the current call, which learns about its input name. A
+    call under a user's FakeTensorMode learns into a code state of its own,
+    joined with what real calls learned of the input (a fake call predicts the
+    next real call): a dry run at another shape must not make the next real
+    compile dynamic. The fake calls' code states go with the code states they
+    were joined with (torch._dynamo.reset() makes new ones).
     """
     global _fake_calls_code_states
     if not is_fake_call(None):
         return code_states[code_id]
-    real, fakes = _fake_calls_code_states
+    real, fakes, joined = _fake_calls_code_states
     if real is not code_states:
-        fakes = {}
-        _fake_calls_code_states = (code_states, fakes)
-    if code_id not in fakes:
-        fakes[code_id] = (
-            copy.deepcopy(code_states[code_id])
-            if code_id in code_states
-            else code_states.default_factory()
-        )
-    return fakes[code_id]
+        fakes, joined = {}, {}
+        _fake_calls_code_states = (code_states, fakes, joined)
+    mine = fakes.get(code_id)
+    if mine is None:
+        mine = fakes[code_id] = code_states.default_factory()
+    theirs = code_states.get(code_id)
+    if theirs is not None and name in theirs.automatic_dynamic:
+        entry = theirs.automatic_dynamic[name]
+        if joined.get((code_id, name)) != entry:
+            mine.automatic_dynamic[name] |= entry
+            joined[code_id, name] = copy.copy(entry)
+    return mine
 
 
 def callback_for_fake_calls(callback: Any) -> Any:
@@ -229,11 +236,15 @@ class _FakeCallsCallback:
         # A frame whose fake calls hit their recompile limit runs only its
         # entries on fake calls, as Dynamo makes a frame past its limit do,
         # but the code object keeps no such strategy: real calls still
-        # compile. (Its entries went, torch._dynamo.reset(): it compiles.)
+        # compile. (Its fake entries went, torch._dynamo.reset(): it compiles.)
         code = frame.f_code
-        if cache_entry is not None and code in _codes_past_fake_recompile_limit:
-            return _run_only_this_call()
-        _codes_past_fake_recompile_limit.discard(code)
+        if code in _codes_past_fake_recompile_limit:
+            if cache_entry is not None and any(
+                is_fake_entry(entry)
+                for entry in torch._C._dynamo.eval_frame._debug_get_cache_entry_list(code)
+            ):
+                return _run_only_this_call()
+            _codes_past_fake_recompile_limit.discard(code)
         result = self.callback(frame, cache_entry, *args, **kwargs)
         if (
             isinstance(result, ConvertFrameReturn)
