@@ -16,6 +16,10 @@ never passes or fails. Run it on a quiet machine:
     python benchmarks/fidelity.py --presets 7B --rounds 3
     python benchmarks/fidelity.py --presets tiny --rounds 1      # a smoke run
 
+With --count-calls it also counts, in one more process per row, the function
+calls of the first call (cProfile): the work done, which the machine's load does
+not change, for telling a real difference from noise in the times.
+
 It writes the table to benchmarks/RESULTS-fidelity.md (--output - to only print).
 """
 
@@ -97,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per worker process")
     parser.add_argument("--output", default=os.path.join(HERE, "RESULTS-fidelity.md"),
                         help="where to write the table ('-': only print)")
+    parser.add_argument("--count-calls", action="store_true",
+                        help="also count the first call's function calls per row (one process each, cProfile)")
     args = parser.parse_args(argv)
     pythons = {"stock": args.stock_python, "patched": args.patched_python}
     started = time.perf_counter()
@@ -115,6 +121,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{time.perf_counter() - started:7.0f}s] {preset} round {round_ + 1}/{args.rounds} "
                       f"{label}: {result.get('status')} (first call {result.get('first_s', float('nan')):.2f} s, "
                       f"{time.perf_counter() - t0:.0f} s in all)", flush=True)
+    counts: dict[str, dict[str, int | None]] = {}
+    for preset in args.presets if args.count_calls else []:
+        counts[preset] = {}
+        for label, side, backend, extra in ROWS:
+            result = run_worker(pythons[side], ["--preset", preset, "--mode", "compile", "--backend", backend,
+                                                "--backward", "--count-calls", *extra], args.timeout)
+            counts[preset][label] = result.get("first_call_py_calls")
+            print(f"[{time.perf_counter() - started:7.0f}s] {preset} {label}: "
+                  f"{counts[preset][label]} function calls in the first call", flush=True)
     lines = [
         "# A fake call that runs the backend's graphs: cost (issue 18)",
         "",
@@ -143,6 +158,20 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {preset} | {label} | {fmt(first, 's')} | {fmt(later, 's')} | {fmt(rss, 'MB')} | {reference}: "
                 f"{fmt(ref_first, 's')}, {fmt(ref_rss, 'MB')} | {fmt(ratio, 'x')} | {fmt(rss_ratio, 'x')} | "
                 f"{verdict} |")
+    if counts:
+        lines += [
+            "",
+            "Function calls in the first call (cProfile, one process per row; the work done, unchanged by load):",
+            "",
+            "| preset | row | function calls | vs | ratio |",
+            "|---|---|---|---|---|",
+        ]
+        for preset, rows in counts.items():
+            for label, reference, _ in PAIRS:
+                n, ref = rows.get(label), rows.get(reference)
+                ratio = f"{n / ref:.4f} x" if n and ref else "n/a"
+                lines.append(f"| {preset} | {label} | {n if n else 'n/a':,} | {reference}: "
+                             f"{ref if ref else 'n/a':,} | {ratio} |")
     write_table(lines, args.output)
     return 0
 

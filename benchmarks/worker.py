@@ -151,6 +151,8 @@ def run_fake(args: argparse.Namespace) -> dict:
     # Calls 0 .. after_calls - 1 run op by op (call 0 compiles), call after_calls builds the regions on a patched
     # torch, then --repeats steady-state calls. Every mode makes the same calls, so the columns line up.
     n_calls = after_calls + 1 + args.repeats
+    if args.count_calls:
+        n_calls = 1
 
     dtype = getattr(torch, args.dtype)
     with FakeTensorMode():
@@ -172,17 +174,30 @@ def run_fake(args: argparse.Namespace) -> dict:
             return out
 
         calls, rss, regions = [], [], []
+        profiler = None
         for _ in range(n_calls):
             t0 = time.perf_counter()
             # Forward alone is inference, as people estimate it: under no_grad.
             with _nullcontext() if args.backward else torch.no_grad():
+                if args.count_calls:
+                    import cProfile
+
+                    profiler = cProfile.Profile()
+                    profiler.enable()
                 out = step()
+                if profiler is not None:
+                    profiler.disable()
             calls.append(time.perf_counter() - t0)
             rss.append(_rss_mb())
             regions.append(_regions_compiled(torch))
         result["out_type"] = type(out).__name__
         result["out_shape"] = list(out.shape)
 
+    if profiler is not None:
+        import pstats
+
+        # Python and builtin function calls: the work done, whatever the machine's load.
+        result["first_call_py_calls"] = pstats.Stats(profiler).total_calls
     result["calls_s"] = calls
     result["rss_after_call_mb"] = rss
     result["first_s"] = calls[0]
@@ -405,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="set torch._dynamo.config.fake_mode_region_after_calls (default: the torch's own; 16 "
                         "where it has none); the process makes after_calls + 1 + --repeats calls")
     p.add_argument("--force", action="store_true", help="run stock inductor under fake even though it crashes")
+    p.add_argument("--count-calls", action="store_true",
+                   help="make only the first call, under cProfile, and report its function calls "
+                        "(first_call_py_calls; its time is cProfile's, not a figure)")
     p.set_defaults(func=run_fake)
 
     p = sub.add_parser("estimate", help="two training steps (forward, loss, backward, AdamW) under FakeTensorMode")

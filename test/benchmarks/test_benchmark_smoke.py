@@ -66,6 +66,20 @@ def test_fake_tiny(mode, extra):
 
 
 @needs_torch
+def test_fake_count_calls():
+    # One call, under cProfile: the same work twice gives the same count (what makes it a measure under load).
+    counts = []
+    for _ in range(2):
+        result = run_worker("fake", "--preset", "tiny", "--mode", "compile", "--backend", "eager", "--seq", "16",
+                            "--backward", "--count-calls")
+        check_common(result)
+        assert len(result["calls_s"]) == 1 and result["steady_s"] is None
+        counts.append(result["first_call_py_calls"])
+    assert counts[0] > 10_000
+    assert abs(counts[0] - counts[1]) <= counts[0] // 1000, counts
+
+
+@needs_torch
 def test_fake_stock_inductor_is_skipped_not_run():
     result = run_worker("fake", "--preset", "tiny", "--mode", "compile", "--backend", "inductor", "--seq", "16",
                         "--repeats", "1", "--after-calls", "1")
