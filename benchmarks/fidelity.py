@@ -55,6 +55,11 @@ PAIRS = [
 ]
 
 
+def fake_call_args(preset: str, backend: str, extra: list[str]) -> list[str]:
+    """`worker.py fake` arguments of a row: the preset's forward+backward, compiled with backend."""
+    return ["--preset", preset, "--mode", "compile", "--backend", backend, "--backward", *extra]
+
+
 def run_worker(python: str, worker_args: list[str], timeout: float) -> dict:
     """One `worker.py fake` process with an empty inductor cache; its BENCH_JSON result."""
     env = dict(os.environ)
@@ -112,9 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         for round_ in range(args.rounds):
             for label, side, backend, extra in ROWS:
                 t0 = time.perf_counter()
-                result = run_worker(pythons[side], ["--preset", preset, "--mode", "compile", "--backend", backend,
-                                                    "--backward", "--after-calls", "1", "--repeats", "2", *extra],
-                                    args.timeout)
+                result = run_worker(pythons[side], fake_call_args(preset, backend, [
+                    "--after-calls", "1", "--repeats", "2", *extra]), args.timeout)
                 if result.get("status") == "ok":
                     result["later_s"] = later_calls(result)
                 data[preset][label].append(result)
@@ -125,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     for preset in args.presets if args.count_calls else []:
         counts[preset] = {}
         for label, side, backend, extra in ROWS:
-            result = run_worker(pythons[side], ["--preset", preset, "--mode", "compile", "--backend", backend,
-                                                "--backward", "--count-calls", *extra], args.timeout)
+            result = run_worker(pythons[side], fake_call_args(preset, backend, ["--count-calls", *extra]),
+                                args.timeout)
             counts[preset][label] = result.get("first_call_py_calls")
             print(f"[{time.perf_counter() - started:7.0f}s] {preset} {label}: "
                   f"{counts[preset][label]} function calls in the first call", flush=True)

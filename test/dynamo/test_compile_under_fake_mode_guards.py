@@ -39,6 +39,13 @@ except ImportError:
 
 
 class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
+    def assertFakeCallLikeEager(self, fn, *shape):
+        """fn (x * 2 + 1, compiled) called under a new FakeTensorMode on a
+        FakeTensor of that shape answers as eager does."""
+        with FakeTensorMode() as mode:
+            fake = torch.randn(shape)
+            self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
+
     # Real and fake calls never share an artifact wrongly.
     @parametrize("backend", BACKENDS)
     def test_real_fake_real(self, backend):
@@ -314,9 +321,7 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
         cnt = CompileCounterWithBackend(backend)
         fn = torch.compile(lambda x: x * 2 + 1, backend=cnt)
         with torch._dynamo.config.patch(recompile_limit=1):
-            with FakeTensorMode() as mode:
-                fake = torch.randn(3)
-                self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
+            self.assertFakeCallLikeEager(fn, 3)
             real = torch.randn(3)
             self.assertEqual(fn(real), real * 2 + 1)
             # The real call compiled (no silent eager run), and its entry
@@ -326,9 +331,7 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
             self.assertEqual(cnt.frame_count, 2)
             # A second fake shape is a recompilation of the fake entry, and
             # the limit applies to it as to real ones: it runs eagerly.
-            with FakeTensorMode() as mode:
-                fake = torch.randn(5, 5)
-                self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
+            self.assertFakeCallLikeEager(fn, 5, 5)
             self.assertEqual(cnt.frame_count, 2)
         if backend == "inductor":
             self.assertEqual(self.inductor_compiles, 1)
@@ -349,18 +352,14 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
             self.assertEqual(fn(real), real * 2 + 1)
             self.assertEqual(cnt.frame_count, 2)
             # Fake calls at the new shape still run eagerly.
-            with FakeTensorMode() as mode:
-                fake = torch.randn(5, 5)
-                self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
+            self.assertFakeCallLikeEager(fn, 5, 5)
             self.assertEqual(cnt.frame_count, 2)
         # After a reset the frame compiles for fake calls again, also when a
         # real call compiles it first.
         torch._dynamo.reset()
         self.assertEqual(fn(real), real * 2 + 1)
         self.assertEqual(cnt.frame_count, 3)
-        with FakeTensorMode() as mode:
-            fake = torch.randn(5, 5)
-            self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
+        self.assertFakeCallLikeEager(fn, 5, 5)
         self.assertEqual(cnt.frame_count, 4)
 
     # Automatic dynamic shapes: a dry run at another shape does not make the
@@ -392,9 +391,7 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
         self.assertEqual(cnt.frame_count, 2)
         self.assertFalse(compiled_dynamic())
         # A second fake shape: the fake calls' own recompilation is dynamic.
-        with FakeTensorMode() as mode:
-            fake = torch.randn(6)
-            self.assertOwnedLikeEager(fn(fake), fake * 2 + 1, mode)
+        self.assertFakeCallLikeEager(fn, 6)
         self.assertEqual(cnt.frame_count, 3)
         self.assertTrue(compiled_dynamic())
         # Real calls learn as without the dry runs: their second shape is.
