@@ -12,6 +12,7 @@ in torch/_dynamo/ambient_fake_mode.py
 
 import collections
 import functools
+import itertools
 import math
 import unittest
 
@@ -170,10 +171,25 @@ class ComputeOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class ComputeOpsOfCompiledGraphs(ComputeOps):
+    """
+    ComputeOps that declares ignore_compile_internals(): Dynamo compiles
+    frames under it (the mode is off while compiling) and it sees what the
+    compiled artifacts run, not eager's ops.
+    """
+
+    @classmethod
+    def ignore_compile_internals(cls):
+        return True
+
+
 # The RNG-state HOPs of checkpointed graphs run through it (each HOP asks the
 # mode for a rule); their inner op is not counted, as in a graph's nodes.
-for _hop in (run_and_save_rng_state, run_with_rng_state):
-    _hop.py_impl(ComputeOps)(
+for _hop, _mode in itertools.product(
+    (run_and_save_rng_state, run_with_rng_state),
+    (ComputeOps, ComputeOpsOfCompiledGraphs),
+):
+    _hop.py_impl(_mode)(
         functools.partial(lambda hop, mode, *args, **kwargs: hop(*args, **kwargs), _hop)
     )
 
@@ -188,16 +204,21 @@ def graph_compute_ops(gm):
     )
 
 
-def recording_inductor(backward_ops):
-    """Inductor, recording the compute ops of the backward graphs it lowers."""
+def recording_inductor(backward_ops, forward_ops=None):
+    """
+    Inductor, recording the compute ops of the backward graphs it lowers (and
+    of the forward graphs, given a list for them).
+    """
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
     def inner_compile(gm, example_inputs, **kwargs):
+        # Counted before lowering: Inductor's post-grad passes rewrite gm in
+        # place (mm + add -> addmm on CPU) on an FX graph cache miss only,
+        # and a fake call runs the graph as it is given here.
         if kwargs.get("is_backward"):
-            # Counted before lowering: Inductor's post-grad passes rewrite gm
-            # in place (mm + add -> addmm on CPU) on an FX graph cache miss
-            # only, and a fake call runs the graph as it is given here.
             backward_ops.append(graph_compute_ops(gm))
+        elif forward_ops is not None:
+            forward_ops.append(graph_compute_ops(gm))
         return compile_fx_inner(gm, example_inputs, **kwargs)
 
     def backend(gm, example_inputs):
@@ -353,6 +374,65 @@ class CompileUnderFakeModeFidelityTests(torch._dynamo.test_case.TestCase):
                 out = compiled(*inputs)
         self.assertNotIsInstance(out, FakeTensor)
         self.assertEqual(out, model(*inputs))
+
+    @unittest.skipUnless(
+        hasattr(TorchDispatchMode, "ignore_compile_internals"),
+        "dispatch modes declare ignore_compile_internals() from torch 2.9",
+    )
+    @parametrize("backend", BACKENDS)
+    def test_a_mode_ignoring_compile_internals_sees_the_compiled_graphs(
+        self, backend
+    ):
+        # A dispatch mode that declares ignore_compile_internals() asks for
+        # the compiled run, not eager's ops: under it a fake call compiles
+        # and the mode sees the compute ops of the forward and backward
+        # graphs the backend builds for the real run (at budget 0.5 the
+        # backward recomputes what eager saves). Modes that do not declare it
+        # (the default: FlopCounterMode, MemTracker) see eager's ops.
+        model, inputs, config, _ = make_case("mlp_budget_0.5")
+        config = {**config, "enable_autograd_cache": False}
+
+        def forward_backward_under_mode(backend, inputs, mode):
+            compiled = torch.compile(model, backend=backend)
+            with mode:
+                compiled(*inputs).sum().backward()
+            model.zero_grad(set_to_none=True)
+            torch._dynamo.reset()
+            return mode.ops
+
+        with torch._functorch.config.patch(config):
+            if backend == "inductor":
+                # Inductor's kernels run no ops a mode could see: count the
+                # ops of the graphs it lowers.
+                forward_ops, backward_ops = [], []
+                real_backend = recording_inductor(backward_ops, forward_ops)
+                cnt = CompileCounterWithBackend(real_backend)
+                forward_backward_under_mode(cnt, inputs, ComputeOpsOfCompiledGraphs())
+                real = sum(forward_ops + backward_ops, collections.Counter())
+            else:
+                cnt = CompileCounterWithBackend(backend)
+                real = forward_backward_under_mode(
+                    cnt, inputs, ComputeOpsOfCompiledGraphs()
+                )
+            self.assertEqual(cnt.frame_count, 1)
+            eager = forward_backward_under_mode("eager", inputs, ComputeOps())
+            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                fake_inputs = [
+                    mode.from_tensor(t.detach()).requires_grad_() for t in inputs
+                ]
+                cnt = CompileCounterWithBackend(backend)
+                fake = forward_backward_under_mode(
+                    cnt, fake_inputs, ComputeOpsOfCompiledGraphs()
+                )
+                self.assertEqual(cnt.frame_count, 1)
+                # Without the declaration the frame runs eagerly under the
+                # mode, as on stock.
+                cnt = CompileCounterWithBackend(backend)
+                fake_eager = forward_backward_under_mode(cnt, fake_inputs, ComputeOps())
+                self.assertEqual(cnt.frame_count, 0)
+        self.assertEqual(fake, real)
+        self.assertNotEqual(fake, eager)
+        self.assertEqual(fake_eager, eager)
 
     # Cases where AOTAutograd's runtime meets FakeTensors as eager does not.
     @parametrize("backend", BACKENDS)
