@@ -1,11 +1,12 @@
 # Owner(s): ["module: dynamo"]
 """
 Trackers PyTorch ships (FlopCounterMode, MemTracker, CommDebugMode) around
-compiled code called under a user-created FakeTensorMode: a frame called
-under a tracker runs eagerly, as on stock, so the tracker reports eager's
-figures with every module attributed; fullgraph=True does not fail for it. A
-graph compiled before the tracker was entered runs op by op under it. Frames
-under a dispatch mode that changes what ops return stay skipped, as on stock.
+compiled code called under a user-created FakeTensorMode: trackers that only
+observe see the compiled run (the backend's forward and backward graphs),
+attributed down to the compiled module, checked against a real compiled run
+on CPU; fullgraph=True holds. CommDebugMode (a global backward hook) and
+frames under a dispatch mode that may change what ops return run eagerly, as
+on stock.
 test_compile_under_fake_mode_memory_estimation.py runs torchtitan's memory
 estimator through this path.
 See Note [Inheriting the ambient FakeTensorMode] in
@@ -30,12 +31,14 @@ try:
         CompileUnderFakeModeTestCase,
         meta_of,
     )
+    from .test_compile_under_fake_mode_fidelity import make_case
 except ImportError:
     from test_compile_under_fake_mode import (
         BACKENDS,
         CompileUnderFakeModeTestCase,
         meta_of,
     )
+    from test_compile_under_fake_mode_fidelity import make_case
 
 
 class MLP(torch.nn.Module):
@@ -90,20 +93,42 @@ def tracked(tracker, model, step):
     return {"comm counts": dict(comm.get_comm_counts())}
 
 
+# The modules a tracker attributes figures to when the MLP is compiled: the
+# compiled module and what wraps it (the modules inside the compiled frame are
+# the graph's). ModTracker, under MemTracker, skips the modules inside
+# torch.compile(module) by design, compiled or not.
+COMPILED_MODULES = {
+    "FlopCounterMode": {
+        "torch.compile(fn)": {"Global"},
+        "torch.compile(module)": {
+            "Global",
+            "OptimizedModule",
+            "OptimizedModule._orig_mod",
+        },
+        "Module.compile()": {"Global", "MLP"},
+    },
+    "MemTracker": {
+        "torch.compile(fn)": set(),
+        "torch.compile(module)": set(),
+        "Module.compile()": {"MLP"},
+    },
+}
+
+
 class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
     # Every tracker around every compiled form, first call under the tracker
-    # or before it: the tracker reports what it reports for the same code run
-    # with set_stance("force_eager") (eager, with the compiled form's
-    # wrappers: trackers built on ModTracker skip the modules inside
-    # torch.compile(module) by design), nothing fails inside Dynamo, and
-    # fullgraph=True holds. (On 2.13 this needs the frame skipped under the
-    # tracker to compile again once the tracker is gone.)
+    # or before it: nothing fails inside Dynamo, fullgraph=True holds, and the
+    # tracker reports the same figures on every call. Trackers that only
+    # observe (FlopCounterMode, MemTracker) see the compiled run, attributed
+    # down to the compiled module, with the frame compiled once;
+    # CommDebugMode, whose module tracker installs a global backward hook,
+    # sees the frame run eagerly, as on stock.
     @parametrize("tracker", ["FlopCounterMode", "MemTracker", "CommDebugMode"])
     @parametrize(
         "form", ["torch.compile(fn)", "torch.compile(module)", "Module.compile()"]
     )
     @parametrize("first_call", ["under the tracker", "before it"])
-    def test_trackers_report_eager_figures(self, tracker, form, first_call):
+    def test_trackers_around_compiled_forms(self, tracker, form, first_call):
         mode = FakeTensorMode()
         with mode:
             x = torch.randn(4, 16, requires_grad=True)
@@ -120,16 +145,57 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
             eager_model = MLP()
             eager_fn = compiled(form, eager_model, "inductor", fullgraph=True)
             with torch.compiler.set_stance("force_eager"):
-                expected = tracked(tracker, eager_model, step(eager_model, eager_fn))
+                eager = tracked(tracker, eager_model, step(eager_model, eager_fn))
             model = MLP()
-            fn = compiled(form, model, "inductor", fullgraph=True)
+            cnt = CompileCounterWithBackend("inductor")
+            fn = compiled(form, model, cnt, fullgraph=True)
             if first_call == "before it":
                 fn(x).sum().backward()
-            for _ in range(2):
-                self.assertEqual(tracked(tracker, model, step(model, fn)), expected)
+            reports = [tracked(tracker, model, step(model, fn)) for _ in range(2)]
             out = fn(x)
             ref = eager_model(x)
+        self.assertEqual(reports[0], reports[1])
+        if tracker == "CommDebugMode":
+            self.assertEqual(reports[0], eager)
+        else:
+            self.assertEqual(cnt.frame_count, 1)
+            self.assertEqual(set(reports[0]), COMPILED_MODULES[tracker][form])
+        if tracker == "FlopCounterMode":
+            # No matmul is recomputed here: the compiled run's FLOPs are eager's.
+            self.assertEqual(reports[0]["Global"], eager["Global"])
         self.assertOwnedLikeEager(out, ref, mode)
+
+    def test_compiled_module_hooks_fire_once_at_its_boundary(self):
+        # Module.compile() under a tracker: the module's own hooks fire once
+        # a call, outside the graph, with Module._call_impl's semantics (a
+        # pre-hook with kwargs may replace the inputs, a forward hook the
+        # output); a torch.compile'd forward, which fires no hook in eager,
+        # fires none.
+        calls = []
+
+        def pre_hook(module, args, kwargs):
+            calls.append("pre")
+            return (args[0][:2],), kwargs
+
+        def hook(module, args, output):
+            calls.append("post")
+            return output.sum(-1)
+
+        with FakeTensorMode():
+            model = MLP()
+            model.register_forward_pre_hook(pre_hook, with_kwargs=True)
+            model.register_forward_hook(hook)
+            cnt = CompileCounterWithBackend("aot_eager")
+            model.compile(backend=cnt, fullgraph=True)
+            x = torch.randn(4, 16)
+            with FlopCounterMode(display=False) as counter:
+                out = model(x)
+                forward = torch.compile(model.forward, backend="aot_eager")(x)
+        self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual(calls, ["pre", "post"])
+        self.assertEqual(out.shape, (2,))
+        self.assertEqual(forward.shape, (4, 16))
+        self.assertEqual(set(counter.get_flop_counts()), {"Global", "MLP"})
 
     @parametrize("backend", BACKENDS)
     def test_flop_counter_around_compiled_module(self, backend):
@@ -143,19 +209,102 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
                 fn(x).sum().backward()
             with FlopCounterMode(display=False) as eager:
                 model(x).sum().backward()
+        self.assertEqual(cnt.frame_count, 1)
         self.assertEqual(counter.get_total_flops(), eager.get_total_flops())
-        # Every module is attributed, as in eager (torch.compile wraps the
-        # model: its wrapper is attributed too, the model under _orig_mod).
         self.assertEqual(
-            {
-                m.replace("OptimizedModule._orig_mod", "MLP")
-                for m in counter.get_flop_counts()
-            }
-            - {"OptimizedModule"},
-            set(eager.get_flop_counts()),
+            set(counter.get_flop_counts()),
+            COMPILED_MODULES["FlopCounterMode"]["torch.compile(module)"],
         )
 
-    def test_fullgraph_under_a_tracker_runs_the_frame_eagerly(self):
+    @parametrize("backend", ["aot_eager", "inductor"])
+    def test_flop_counter_counts_the_compiled_graphs(self, backend):
+        # At activation_memory_budget 0.1 the partitioner recomputes matmuls
+        # in backward: FlopCounterMode around a fake call counts the FLOPs of
+        # the forward and backward graphs the backend builds for the real
+        # run (counted here on the graphs a real Inductor compile is given),
+        # not eager's.
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+        graph_flops = []
+
+        def inner_compile(gm, example_inputs, **kwargs):
+            fake_mode = torch._guards.detect_fake_mode(example_inputs)
+            with fake_mode, FlopCounterMode(display=False) as counter:
+                gm(*example_inputs)
+            graph_flops.append(counter.get_total_flops())
+            return compile_fx_inner(gm, example_inputs, **kwargs)
+
+        def recording_inductor(gm, example_inputs):
+            return compile_fx(gm, example_inputs, inner_compile=inner_compile)
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64)
+        )
+        x = torch.randn(32, 64, requires_grad=True)
+        with torch._functorch.config.patch(
+            activation_memory_budget=0.1, enable_autograd_cache=False
+        ):
+            torch.compile(model, backend=recording_inductor)(x).sum().backward()
+            self.assertEqual(len(graph_flops), 2)
+            torch._dynamo.reset()
+            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                fake_x = mode.from_tensor(x.detach()).requires_grad_()
+                compiled_model = torch.compile(model, backend=backend)
+                with FlopCounterMode(display=False) as counter:
+                    compiled_model(fake_x).sum().backward()
+                with FlopCounterMode(display=False) as eager:
+                    model(fake_x).sum().backward()
+        self.assertEqual(counter.get_total_flops(), sum(graph_flops))
+        self.assertGreater(counter.get_total_flops(), eager.get_total_flops())
+
+    @parametrize("backend", ["aot_eager", "inductor"])
+    @parametrize("case", ["mlp_budget_0.5", "block"])
+    def test_mem_tracker_sees_what_the_compiled_forward_saves(self, case, backend):
+        # MemTracker around a fake call: the activations alive after the
+        # forward are what the real compiled run saves for backward (but
+        # parameters and inputs, which it books apart) and the output, checked
+        # against a real compiled run on CPU; eager saves more.
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        model, inputs, config, _ = make_case(case)
+
+        def saved_activations(backend):
+            # Bytes of the storages the forward saves for backward, but the
+            # parameters' and the inputs', and of the output's.
+            torch._dynamo.reset()
+            saved = {}
+
+            def pack(t):
+                saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+                return t
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = torch.compile(model, backend=backend)(*inputs)
+            for t in (*model.parameters(), *inputs):
+                saved.pop(t.untyped_storage().data_ptr(), None)
+            return sum(saved.values()) + out.untyped_storage().nbytes()
+
+        with torch._functorch.config.patch(config):
+            real = saved_activations(backend)
+            eager = saved_activations("eager")
+            torch._dynamo.reset()
+            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                fake_inputs = [
+                    mode.from_tensor(t.detach()).requires_grad_() for t in inputs
+                ]
+                compiled_model = torch.compile(model, backend=backend)
+                mem_tracker = MemTracker()
+                mem_tracker.track_external(model, *fake_inputs)
+                with mem_tracker:
+                    out = compiled_model(*fake_inputs)
+                    after_forward = mem_tracker.get_tracker_snapshot("current")
+                    out.sum().backward()
+        activations = {str(kind): n for kind, n in after_forward[out.device].items()}
+        self.assertEqual(activations["_MemRefType.ACT"], real)
+        self.assertLess(real, eager)
+
+    def test_fullgraph_under_a_mode_that_only_observes_compiles(self):
         cnt = CompileCounterWithBackend("eager")
         mode = FakeTensorMode()
         with mode:
@@ -164,8 +313,34 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
                 out = torch.compile(
                     lambda x: (x @ x).relu(), backend=cnt, fullgraph=True
                 )(x)
-        self.assertEqual(cnt.frame_count, 0)
+        self.assertEqual(cnt.frame_count, 1)
         self.assertEqual(counter.get_total_flops(), 2 * 4 * 4 * 4)
+        self.assertOwnedLikeEager(out, torch.empty_like(out), mode)
+
+    def test_fullgraph_under_another_mode_runs_the_frame_eagerly(self):
+        # A mode that does not declare it only observes keeps the frame
+        # skipped, as on stock; fullgraph=True holds under the FakeTensorMode.
+        class OpLog(TorchDispatchMode):
+            def __init__(self):
+                super().__init__()
+                self.ops = []
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                self.ops.append(func)
+                return func(*args, **(kwargs or {}))
+
+        cnt = CompileCounterWithBackend("eager")
+        mode = FakeTensorMode()
+        with mode:
+            x = torch.randn(4, 4)
+            with OpLog() as log:
+                out = torch.compile(
+                    lambda x: (x @ x).relu(), backend=cnt, fullgraph=True
+                )(x)
+        self.assertEqual(cnt.frame_count, 0)
+        self.assertEqual(
+            log.ops, [torch.ops.aten.mm.default, torch.ops.aten.relu.default]
+        )
         self.assertOwnedLikeEager(out, torch.empty_like(out), mode)
 
     def test_tracker_without_fake_mode_is_stock(self):

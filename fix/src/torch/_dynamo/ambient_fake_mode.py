@@ -449,6 +449,7 @@ def _boxed_run(gm: fx.GraphModule, mutated: Sequence[int]) -> Callable[..., Any]
     """
 
     replay = _Replay() if _is_functional(gm) else None
+    boxed = _boxed_graph_module(gm)
 
     def run(args: list[Any]) -> Any:
         keyed = replay.key(args) if replay is not None else None
@@ -462,13 +463,30 @@ def _boxed_run(gm: fx.GraphModule, mutated: Sequence[int]) -> Callable[..., Any]
                     stack.enter_context(
                         torch.autograd._unsafe_preserve_version_counter(args[index])
                     )
-            outputs = gm.forward(*args)
+            if keyed is None and boxed is not None:
+                # It clears args and frees each input after its last use, as
+                # the backend's compiled code does: the compiled backward
+                # frees what the forward saved as it goes.
+                outputs = boxed.forward(args)
+            else:
+                outputs = gm.forward(*args)
         if keyed is not None:
             replay.record(*keyed, args, outputs)
         return outputs
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run
+
+
+def _boxed_graph_module(gm: fx.GraphModule) -> Optional[fx.GraphModule]:
+    """gm with the boxed calling convention (None where FX lacks it)."""
+    codegen = getattr(fx.graph, "_BoxedCodeGen", None)
+    if codegen is None:
+        return None
+    boxed = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    boxed.graph.set_codegen(codegen())
+    boxed.recompile()
+    return boxed
 
 
 def _is_functional(gm: fx.GraphModule) -> bool:

@@ -1,10 +1,15 @@
 """
-fullgraph=True for frames a dispatch mode makes Dynamo skip, under a user's
-FakeTensorMode. See Note [Inheriting the ambient FakeTensorMode] in
-ambient_fake_mode.py.
+Trackers (dispatch modes that only observe) around compiled code called under
+a user's FakeTensorMode see the compiled run; fullgraph=True for frames other
+dispatch modes make Dynamo skip. See Note [Inheriting the ambient
+FakeTensorMode] in ambient_fake_mode.py.
 """
 
 import logging
+from typing import Any, Callable, Optional
+
+import torch
+from torch.utils import _python_dispatch
 
 from . import fake_mode_compat
 from .ambient_fake_mode import users_fake_mode
@@ -37,3 +42,261 @@ def frames_run_eagerly_under_modes() -> bool:
             "Dynamo skip ran eagerly under the modes instead of failing"
         )
     return True
+
+
+# Note [Trackers see the compiled run of a fake call]
+# A call under a user's FakeTensorMode is an estimate of the compiled run, and
+# people make it under trackers: FlopCounterMode, MemTracker / FSDPMemTracker,
+# CommDebugMode. These modes declare that they only observe (a class attribute
+# _only_observes: they return what each op returns). Dynamo skips frames under
+# a dispatch mode, so such a call would show the trackers eager's ops, and
+# Dynamo cannot trace the module hooks they install (ModuleTracker's,
+# ModTracker's) anyway. Under a user's FakeTensorMode, when every mode on the
+# stack only observes or ignores compile internals, a call of a compiled
+# function or module instead:
+# - lifts the global module forward hooks (the trackers') out for the call,
+#   so Dynamo neither traces them nor guards on them, and fires them for the
+#   compiled module at the call's boundary: trackers attribute down to the
+#   compiled module, as with a module they cannot see into;
+# - replaces each observing mode by one that ignores compile internals and
+#   forwards every op to it: Dynamo compiles with the modes off, and the
+#   backend's forward graph, run under the user's mode, runs under them. The
+#   backward graph runs under the trackers themselves.
+# So a tracker sees the graphs a fake call runs (what the compiled forward
+# saves for backward, what backward recomputes), the figures of the compiled
+# run. Other modes (which may change what ops return) keep the frames skipped,
+# as on stock, and nothing changes without a user's FakeTensorMode.
+
+
+class _ObservingCompiledRun(_python_dispatch.TorchDispatchMode):
+    """An observing mode, presented to Dynamo as ignoring compile internals."""
+
+    def __init__(self, mode: Any) -> None:
+        super().__init__()
+        self.mode = mode
+        # Higher-order ops reach the mode as they would reach it directly.
+        self.supports_higher_order_operators = getattr(
+            mode, "supports_higher_order_operators", False
+        )
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        return self.mode.__torch_dispatch__(func, types, args, kwargs)
+
+
+def observers_of_compiled_call(fn: Callable[..., Any]) -> Optional[list[Any]]:
+    """
+    The dispatch modes (bottom first) a call of compiled fn under a user's
+    FakeTensorMode shows the compiled run to (see Note [Trackers see the
+    compiled run of a fake call]), or None: no user's FakeTensorMode, no mode
+    to present, a mode that may change results, or backward module hooks.
+    """
+    if users_fake_mode() is None:
+        return None
+    modes = [
+        mode
+        for mode in _python_dispatch._get_current_dispatch_mode_stack()
+        if not mode.is_infra_mode()
+    ]
+    observers = [mode for mode in modes if not type(mode).ignore_compile_internals()]
+    if not observers or not all(
+        getattr(mode, "_only_observes", False) for mode in observers
+    ):
+        return None
+    hooks = torch.nn.modules.module
+    module = _module_of(fn)
+    if (
+        hooks._global_backward_pre_hooks
+        or hooks._global_backward_hooks
+        or (module is not None and (module._backward_pre_hooks or module._backward_hooks))
+    ):
+        return None
+    return modes
+
+
+def _module_of(fn: Callable[..., Any]) -> Optional[torch.nn.Module]:
+    """
+    The module whose call, hooks included, fn is: Module.compile() compiles
+    its _call_impl, torch.compile(module) its module's __call__.
+    """
+    module = getattr(fn, "__self__", None)
+    if isinstance(module, torch.nn.Module) and getattr(fn, "__func__", None) in (
+        torch.nn.Module._call_impl,
+        torch.nn.Module._wrapped_call_impl,
+    ):
+        return module
+    return None
+
+
+def call_observed(
+    fn: Callable[..., Any], args: Any, kwargs: Any, modes: list[Any]
+) -> Any:
+    """
+    fn(*args, **kwargs), called with Dynamo's callback set, the forward hooks
+    of every module and of fn's module lifted out and fired for fn's module
+    at the call's boundary, as Module._call_impl fires them, and modes (the
+    top dispatch modes, bottom first) presented as ignoring compile
+    internals. See Note [Trackers see the compiled run of a fake call]
+    """
+    from torch._C._dynamo.eval_frame import set_eval_frame
+
+    module = _module_of(fn)
+    hooks = _ForwardHooks(module)
+    # The hooks and the swap of modes run outside Dynamo.
+    callback = set_eval_frame(None)
+    hooks.lift()
+    result = None
+    try:
+        if module is not None:
+            args, kwargs = hooks.fire_pre_hooks(module, args, kwargs)
+        with _PresentedAsIgnoringCompileInternals(len(modes)):
+            set_eval_frame(callback)
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                set_eval_frame(None)
+        if module is not None:
+            result = hooks.fire_post_hooks(module, args, kwargs, result)
+        return result
+    except Exception:
+        if module is not None:
+            hooks.fire_always_called_hooks(module, args, kwargs, result)
+        raise
+    finally:
+        hooks.restore()
+        set_eval_frame(callback)
+
+
+class _ForwardHooks:
+    """
+    The global forward hooks and those of a module, lifted out of their
+    dicts (hooks registered meanwhile stay, after them) and fired in the
+    order Module._call_impl fires them.
+    """
+
+    def __init__(self, module: Optional[torch.nn.Module]) -> None:
+        owners: list[tuple[Any, str]] = [
+            (torch.nn.modules.module, "_global_" + name)
+            for name in (
+                "forward_pre_hooks",
+                "forward_hooks",
+                "forward_hooks_with_kwargs",
+                "forward_hooks_always_called",
+            )
+        ]
+        if module is not None:
+            owners += [
+                (module, name)
+                for name in (
+                    "_forward_pre_hooks",
+                    "_forward_pre_hooks_with_kwargs",
+                    "_forward_hooks",
+                    "_forward_hooks_with_kwargs",
+                    "_forward_hooks_always_called",
+                )
+            ]
+        self.dicts = [getattr(owner, name) for owner, name in owners]
+        self.lifted = [dict(hook_dict) for hook_dict in self.dicts]
+        (
+            self.global_pre,
+            self.global_post,
+            self.global_with_kwargs,
+            self.global_always_called,
+        ) = self.lifted[:4]
+        self.pre, self.pre_with_kwargs, self.post, self.with_kwargs, self.always_called = (
+            self.lifted[4:] if module is not None else ({},) * 5
+        )
+        self.called: set[int] = set()
+
+    def lift(self) -> None:
+        for hook_dict in self.dicts:
+            hook_dict.clear()
+
+    def restore(self) -> None:
+        for hook_dict, lifted in zip(self.dicts, self.lifted):
+            added = dict(hook_dict)
+            hook_dict.clear()
+            hook_dict.update(lifted)
+            hook_dict.update(added)
+
+    def fire_pre_hooks(
+        self, module: torch.nn.Module, args: Any, kwargs: Any
+    ) -> tuple[Any, Any]:
+        for hook_id, hook in (*self.global_pre.items(), *self.pre.items()):
+            if hook_id in self.pre_with_kwargs:
+                new = hook(module, args, kwargs)
+                if new is not None:
+                    args, kwargs = new
+            else:
+                new = hook(module, args)
+                if new is not None:
+                    args = new if isinstance(new, tuple) else (new,)
+        return args, kwargs
+
+    def _post_hooks(self) -> list[tuple[int, Any, bool, bool]]:
+        return [
+            (hook_id, hook, hook_id in with_kwargs, hook_id in always_called)
+            for post, with_kwargs, always_called in (
+                (self.global_post, self.global_with_kwargs, self.global_always_called),
+                (self.post, self.with_kwargs, self.always_called),
+            )
+            for hook_id, hook in post.items()
+        ]
+
+    def fire_post_hooks(
+        self, module: torch.nn.Module, args: Any, kwargs: Any, result: Any
+    ) -> Any:
+        for hook_id, hook, with_kwargs, _ in self._post_hooks():
+            self.called.add(hook_id)
+            new = (
+                hook(module, args, kwargs, result)
+                if with_kwargs
+                else hook(module, args, result)
+            )
+            if new is not None:
+                result = new
+        return result
+
+    def fire_always_called_hooks(
+        self, module: torch.nn.Module, args: Any, kwargs: Any, result: Any
+    ) -> None:
+        for hook_id, hook, with_kwargs, always_called in self._post_hooks():
+            if always_called and hook_id not in self.called:
+                if with_kwargs:
+                    hook(module, args, kwargs, result)
+                else:
+                    hook(module, args, result)
+
+
+class _PresentedAsIgnoringCompileInternals:
+    """Replaces the top n dispatch modes by _ObservingCompiledRun ones."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __enter__(self) -> None:
+        from torch._C._dynamo.guards import (
+            set_is_in_mode_without_ignore_compile_internals,
+        )
+
+        self.modes = [_python_dispatch._pop_mode() for _ in range(self.n)][::-1]
+        for mode in self.modes:
+            _python_dispatch._push_mode(_ObservingCompiledRun(mode))
+        self.flag = _python_dispatch._is_in_any_mode_without_ignore_compile_internals
+        _python_dispatch._is_in_any_mode_without_ignore_compile_internals = False
+        set_is_in_mode_without_ignore_compile_internals(False)
+
+    def __exit__(self, *exc: Any) -> None:
+        from torch._C._dynamo.guards import (
+            set_is_in_mode_without_ignore_compile_internals,
+        )
+
+        for _ in self.modes:
+            _python_dispatch._pop_mode()
+        for mode in self.modes:
+            _python_dispatch._push_mode(mode)
+        _python_dispatch._is_in_any_mode_without_ignore_compile_internals = self.flag
+        set_is_in_mode_without_ignore_compile_internals(self.flag)
