@@ -39,6 +39,12 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
+# Trackers see the compiled run where the series carries the trackers patch
+# (torch 2.13+); before, frames under a tracker run eagerly, as on stock.
+TRACKERS_SEE_COMPILED_RUN = (
+    importlib.util.find_spec("torch._dynamo.fake_mode_trackers") is not None
+)
+FRAMES_UNDER_THE_TRACKER = 1 if TRACKERS_SEE_COMPILED_RUN else 0
 WORLD_SIZE = 8
 
 def precompute_freqs_cis(dim, end, theta=10000.0):
@@ -202,7 +208,7 @@ class MemoryEstimationWithCompileTests(torch._dynamo.test_case.TestCase):
         what the backward graph reads; Inductor's min-cut recomputes cheap
         ops). With the eager backend the compiled run is eager's.
         """
-        if backend == "eager":
+        if backend == "eager" or not TRACKERS_SEE_COMPILED_RUN:
             self.assertEqual(peak_on, peak_off)
             return
         on, off = peak_on["cpu"], peak_off["cpu"]
@@ -227,7 +233,7 @@ class MemoryEstimationWithCompileTests(torch._dynamo.test_case.TestCase):
         # fullgraph=True, into one entry they share, and the tracker sees the
         # compiled run; every module is attributed, down to the compiled
         # blocks.
-        self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual(cnt.frame_count, FRAMES_UNDER_THE_TRACKER)
         self.assertCompiledRunOf(peak_on, peak_off, backend)
         self.assertEqual(set(module_peaks_on), set(module_peaks_off))
         for block in ("FSDPTransformer.layers.0", "FSDPTransformer.layers.1"):
@@ -331,7 +337,7 @@ class MemoryEstimationWithCompileTests(torch._dynamo.test_case.TestCase):
         peak_on, module_peaks_on = estimate_memory(
             cnt, build_model=build_model, fsdp_fn=fsdp_fn
         )
-        self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual(cnt.frame_count, FRAMES_UNDER_THE_TRACKER)
         self.assertCompiledRunOf(peak_on, peak_off, backend)
         self.assertGreater(peak_on["cpu"]["_FSDPRefType.UNSHARDED_PARAM"], 0)
         for block in ("FSDPLlama3Model.layers.0", "FSDPLlama3Model.layers.1"):

@@ -6,9 +6,12 @@ FakeTensorMode] in ambient_fake_mode.py.
 """
 
 import logging
+import warnings
 from typing import Any, Callable, Optional
 
 import torch
+from torch._C._dynamo.eval_frame import set_eval_frame
+from torch._C._dynamo.guards import set_is_in_mode_without_ignore_compile_internals
 from torch.utils import _python_dispatch
 
 from . import fake_mode_compat
@@ -102,9 +105,7 @@ def observers_of_compiled_call(fn: Callable[..., Any]) -> Optional[list[Any]]:
         if not mode.is_infra_mode()
     ]
     observers = [mode for mode in modes if not type(mode).ignore_compile_internals()]
-    if not observers or not all(
-        getattr(mode, "_only_observes", False) for mode in observers
-    ):
+    if not observers or not all(_only_observes(mode) for mode in observers):
         return None
     hooks = torch.nn.modules.module
     module = _module_of(fn)
@@ -117,11 +118,27 @@ def observers_of_compiled_call(fn: Callable[..., Any]) -> Optional[list[Any]]:
     return modes
 
 
+def _only_observes(mode: Any) -> bool:
+    """
+    Whether the class that implements mode's __torch_dispatch__ declares that
+    it only observes: a subclass that overrides __torch_dispatch__ declares
+    it again, or it may change results.
+    """
+    for cls in type(mode).__mro__:
+        if "__torch_dispatch__" in cls.__dict__:
+            return cls.__dict__.get("_only_observes", False) is True
+    return False
+
+
 def _module_of(fn: Callable[..., Any]) -> Optional[torch.nn.Module]:
     """
     The module whose call, hooks included, fn is: Module.compile() compiles
-    its _call_impl, torch.compile(module) its module's __call__.
+    its _call_impl, torch.compile(module) its module's __call__ (both through
+    external_utils.wrap_inline for modules Dynamo would skip).
     """
+    fn = getattr(fn, "__wrapped__", fn)
+    if isinstance(fn, torch.nn.Module):
+        return fn
     module = getattr(fn, "__self__", None)
     if isinstance(module, torch.nn.Module) and getattr(fn, "__func__", None) in (
         torch.nn.Module._call_impl,
@@ -141,12 +158,10 @@ def call_observed(
     top dispatch modes, bottom first) presented as ignoring compile
     internals. See Note [Trackers see the compiled run of a fake call]
     """
-    from torch._C._dynamo.eval_frame import set_eval_frame
-
-    module = _module_of(fn)
-    hooks = _ForwardHooks(module)
     # The hooks and the swap of modes run outside Dynamo.
     callback = set_eval_frame(None)
+    module = _module_of(fn)
+    hooks = _ForwardHooks(module)
     hooks.lift()
     result = None
     try:
@@ -172,55 +187,53 @@ def call_observed(
 
 class _ForwardHooks:
     """
-    The global forward hooks and those of a module, lifted out of their
-    dicts (hooks registered meanwhile stay, after them) and fired in the
-    order Module._call_impl fires them.
+    The global forward hooks and those of a module, fired in the order
+    Module._call_impl fires them. For the call their dicts are swapped for
+    empty ones: handles keep removing hooks from the dicts they were
+    registered in, and hooks registered during the call join them after it.
     """
+
+    _GLOBAL = (
+        "_global_forward_pre_hooks",
+        "_global_forward_hooks",
+        "_global_forward_hooks_with_kwargs",
+        "_global_forward_hooks_always_called",
+    )
+    _MODULE = (
+        "_forward_pre_hooks",
+        "_forward_pre_hooks_with_kwargs",
+        "_forward_hooks",
+        "_forward_hooks_with_kwargs",
+        "_forward_hooks_always_called",
+    )
 
     def __init__(self, module: Optional[torch.nn.Module]) -> None:
         owners: list[tuple[Any, str]] = [
-            (torch.nn.modules.module, "_global_" + name)
-            for name in (
-                "forward_pre_hooks",
-                "forward_hooks",
-                "forward_hooks_with_kwargs",
-                "forward_hooks_always_called",
-            )
+            (torch.nn.modules.module, name) for name in self._GLOBAL
         ]
         if module is not None:
-            owners += [
-                (module, name)
-                for name in (
-                    "_forward_pre_hooks",
-                    "_forward_pre_hooks_with_kwargs",
-                    "_forward_hooks",
-                    "_forward_hooks_with_kwargs",
-                    "_forward_hooks_always_called",
-                )
-            ]
+            owners += [(module, name) for name in self._MODULE]
+        self.owners = owners
         self.dicts = [getattr(owner, name) for owner, name in owners]
-        self.lifted = [dict(hook_dict) for hook_dict in self.dicts]
         (
             self.global_pre,
             self.global_post,
             self.global_with_kwargs,
             self.global_always_called,
-        ) = self.lifted[:4]
+        ) = self.dicts[:4]
         self.pre, self.pre_with_kwargs, self.post, self.with_kwargs, self.always_called = (
-            self.lifted[4:] if module is not None else ({},) * 5
+            self.dicts[4:] if module is not None else ({},) * 5
         )
         self.called: set[int] = set()
 
     def lift(self) -> None:
-        for hook_dict in self.dicts:
-            hook_dict.clear()
+        for owner, name in self.owners:
+            setattr(owner, name, type(getattr(owner, name))())
 
     def restore(self) -> None:
-        for hook_dict, lifted in zip(self.dicts, self.lifted):
-            added = dict(hook_dict)
-            hook_dict.clear()
-            hook_dict.update(lifted)
-            hook_dict.update(added)
+        for (owner, name), hook_dict in zip(self.owners, self.dicts):
+            hook_dict.update(getattr(owner, name))
+            setattr(owner, name, hook_dict)
 
     def fire_pre_hooks(
         self, module: torch.nn.Module, args: Any, kwargs: Any
@@ -243,7 +256,7 @@ class _ForwardHooks:
                 (self.global_post, self.global_with_kwargs, self.global_always_called),
                 (self.post, self.with_kwargs, self.always_called),
             )
-            for hook_id, hook in post.items()
+            for hook_id, hook in list(post.items())
         ]
 
     def fire_post_hooks(
@@ -263,12 +276,22 @@ class _ForwardHooks:
     def fire_always_called_hooks(
         self, module: torch.nn.Module, args: Any, kwargs: Any, result: Any
     ) -> None:
+        # As Module._call_impl does when forward raises: their errors become
+        # warnings, the forward's error propagates.
         for hook_id, hook, with_kwargs, always_called in self._post_hooks():
             if always_called and hook_id not in self.called:
-                if with_kwargs:
-                    hook(module, args, kwargs, result)
-                else:
-                    hook(module, args, result)
+                try:
+                    if with_kwargs:
+                        hook(module, args, kwargs, result)
+                    else:
+                        hook(module, args, result)
+                except Exception as e:
+                    warnings.warn(
+                        "module forward hook with ``always_call=True`` raised an "
+                        "exception that was silenced as another error was raised "
+                        f"in forward: {e}",
+                        stacklevel=2,
+                    )
 
 
 class _PresentedAsIgnoringCompileInternals:
@@ -278,10 +301,6 @@ class _PresentedAsIgnoringCompileInternals:
         self.n = n
 
     def __enter__(self) -> None:
-        from torch._C._dynamo.guards import (
-            set_is_in_mode_without_ignore_compile_internals,
-        )
-
         self.modes = [_python_dispatch._pop_mode() for _ in range(self.n)][::-1]
         for mode in self.modes:
             _python_dispatch._push_mode(_ObservingCompiledRun(mode))
@@ -290,10 +309,6 @@ class _PresentedAsIgnoringCompileInternals:
         set_is_in_mode_without_ignore_compile_internals(False)
 
     def __exit__(self, *exc: Any) -> None:
-        from torch._C._dynamo.guards import (
-            set_is_in_mode_without_ignore_compile_internals,
-        )
-
         for _ in self.modes:
             _python_dispatch._pop_mode()
         for mode in self.modes:
