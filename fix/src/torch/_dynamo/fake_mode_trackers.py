@@ -6,6 +6,7 @@ FakeTensorMode] in ambient_fake_mode.py.
 """
 
 import logging
+import threading
 import warnings
 from typing import Any, Callable, Optional
 
@@ -160,29 +161,21 @@ def call_observed(
     """
     # The hooks and the swap of modes run outside Dynamo.
     callback = set_eval_frame(None)
-    module = _module_of(fn)
-    hooks = _ForwardHooks(module)
-    hooks.lift()
-    result = None
     try:
-        if module is not None:
-            args, kwargs = hooks.fire_pre_hooks(module, args, kwargs)
-        with _PresentedAsIgnoringCompileInternals(len(modes)):
-            set_eval_frame(callback)
+        # The global hook dicts are process-wide: observed calls on two
+        # threads would swap them in turn and restore them out of order.
+        with _observed_calls_lock:
+            hooks = _ForwardHooks(_module_of(fn))
+            hooks.lift()
             try:
-                result = fn(*args, **kwargs)
+                return hooks.call(fn, args, kwargs, modes, callback)
             finally:
-                set_eval_frame(None)
-        if module is not None:
-            result = hooks.fire_post_hooks(module, args, kwargs, result)
-        return result
-    except Exception:
-        if module is not None:
-            hooks.fire_always_called_hooks(module, args, kwargs, result)
-        raise
+                hooks.restore()
     finally:
-        hooks.restore()
         set_eval_frame(callback)
+
+
+_observed_calls_lock = threading.RLock()
 
 
 class _ForwardHooks:
@@ -208,6 +201,7 @@ class _ForwardHooks:
     )
 
     def __init__(self, module: Optional[torch.nn.Module]) -> None:
+        self.module = module
         owners: list[tuple[Any, str]] = [
             (torch.nn.modules.module, name) for name in self._GLOBAL
         ]
@@ -225,6 +219,30 @@ class _ForwardHooks:
             self.dicts[4:] if module is not None else ({},) * 5
         )
         self.called: set[int] = set()
+
+    def call(
+        self, fn: Callable[..., Any], args: Any, kwargs: Any, modes: list[Any], callback: Any
+    ) -> Any:
+        """fn(*args, **kwargs) with Dynamo's callback and modes presented as
+        ignoring compile internals, between the module's hooks."""
+        module = self.module
+        result = None
+        try:
+            if module is not None:
+                args, kwargs = self.fire_pre_hooks(module, args, kwargs)
+            with _PresentedAsIgnoringCompileInternals(len(modes)):
+                set_eval_frame(callback)
+                try:
+                    result = fn(*args, **kwargs)
+                finally:
+                    set_eval_frame(None)
+            if module is not None:
+                result = self.fire_post_hooks(module, args, kwargs, result)
+            return result
+        except Exception:
+            if module is not None:
+                self.fire_always_called_hooks(module, args, kwargs, result)
+            raise
 
     def lift(self) -> None:
         for owner, name in self.owners:
