@@ -39,12 +39,13 @@ from torch.testing._internal.common_utils import (
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 
+try:
+    from .test_compile_under_fake_mode_trackers import TRACKERS_SEE_COMPILED_RUN
+except ImportError:
+    from test_compile_under_fake_mode_trackers import TRACKERS_SEE_COMPILED_RUN
+
+
 BACKENDS = ["eager", "aot_eager", "inductor"]
-# Trackers see the compiled run where the series carries the trackers patch
-# (torch 2.13+); before, frames under a tracker run eagerly, as on stock.
-TRACKERS_SEE_COMPILED_RUN = (
-    importlib.util.find_spec("torch._dynamo.fake_mode_trackers") is not None
-)
 FRAMES_UNDER_THE_TRACKER = 1 if TRACKERS_SEE_COMPILED_RUN else 0
 WORLD_SIZE = 8
 

@@ -116,6 +116,7 @@ See Note [Inheriting the ambient FakeTensorMode] below.
 
 import contextlib
 import copy
+import functools
 import logging
 import threading
 import weakref
@@ -449,7 +450,8 @@ def _boxed_run(gm: fx.GraphModule, mutated: Sequence[int]) -> Callable[..., Any]
     """
 
     replay = _Replay() if _is_functional(gm) else None
-    boxed: list[Optional[fx.GraphModule]] = []
+    # Built on the first call that runs it.
+    boxed = functools.cache(lambda: _boxed_graph_module(gm))
 
     def run(args: list[Any]) -> Any:
         keyed = replay.key(args) if replay is not None else None
@@ -463,13 +465,11 @@ def _boxed_run(gm: fx.GraphModule, mutated: Sequence[int]) -> Callable[..., Any]
                     stack.enter_context(
                         torch.autograd._unsafe_preserve_version_counter(args[index])
                     )
-            if keyed is None and not boxed:
-                boxed.append(_boxed_graph_module(gm))
-            if keyed is None and boxed[0] is not None:
+            if keyed is None and boxed() is not None:
                 # It clears args and frees each input after its last use, as
                 # the backend's compiled code does: the compiled backward
                 # frees what the forward saved as it goes.
-                outputs = boxed[0].forward(args)
+                outputs = boxed().forward(args)
             else:
                 outputs = gm.forward(*args)
         if keyed is not None:

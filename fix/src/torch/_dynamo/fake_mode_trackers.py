@@ -50,26 +50,28 @@ def frames_run_eagerly_under_modes() -> bool:
 
 # Note [Trackers see the compiled run of a fake call]
 # A call under a user's FakeTensorMode is an estimate of the compiled run, and
-# people make it under trackers: FlopCounterMode, MemTracker / FSDPMemTracker,
-# CommDebugMode. These modes declare that they only observe (a class attribute
-# _only_observes: they return what each op returns). Dynamo skips frames under
-# a dispatch mode, so such a call would show the trackers eager's ops, and
-# Dynamo cannot trace the module hooks they install (ModuleTracker's,
-# ModTracker's) anyway. Under a user's FakeTensorMode, when every mode on the
-# stack only observes or ignores compile internals, a call of a compiled
-# function or module instead:
-# - lifts the global module forward hooks (the trackers') out for the call,
-#   so Dynamo neither traces them nor guards on them, and fires them for the
-#   compiled module at the call's boundary: trackers attribute down to the
+# people make it under trackers: FlopCounterMode, MemTracker / FSDPMemTracker.
+# These modes declare that they only observe (a class attribute
+# _only_observes on the class implementing __torch_dispatch__). Dynamo skips
+# frames under a dispatch mode, so such a call would show the trackers eager's
+# ops, and Dynamo cannot trace the module hooks they install (ModuleTracker's,
+# ModTracker's, FSDPMemTracker's FSDP hooks) anyway. Under a user's
+# FakeTensorMode, when every mode on the stack only observes or ignores
+# compile internals, a call of a compiled function or module instead:
+# - swaps the global module forward hook dicts and those of the compiled
+#   module for empty ones for the call, so Dynamo neither traces those hooks
+#   nor guards on them, and fires them for the compiled module at the call's
+#   boundary, as Module._call_impl would: trackers attribute down to the
 #   compiled module, as with a module they cannot see into;
-# - replaces each observing mode by one that ignores compile internals and
-#   forwards every op to it: Dynamo compiles with the modes off, and the
-#   backend's forward graph, run under the user's mode, runs under them. The
-#   backward graph runs under the trackers themselves.
+# - replaces each mode by one that ignores compile internals and forwards
+#   every op to it: Dynamo compiles with the modes off, and the backend's
+#   forward graph, run under the user's mode, runs under them. The backward
+#   graph runs under the trackers themselves.
 # So a tracker sees the graphs a fake call runs (what the compiled forward
 # saves for backward, what backward recomputes), the figures of the compiled
-# run. Other modes (which may change what ops return) keep the frames skipped,
-# as on stock, and nothing changes without a user's FakeTensorMode.
+# run. Other modes (which may change what ops return), backward module hooks
+# (CommDebugMode's module tracker installs a global one), and calls without a
+# user's FakeTensorMode keep the frames skipped, as on stock.
 
 
 class _ObservingCompiledRun(_python_dispatch.TorchDispatchMode):
@@ -159,18 +161,25 @@ def call_observed(
     top dispatch modes, bottom first) presented as ignoring compile
     internals. See Note [Trackers see the compiled run of a fake call]
     """
-    # The hooks and the swap of modes run outside Dynamo.
+    # The hooks and the swap of modes run outside Dynamo. The global hook
+    # dicts are process-wide: observed calls on two threads would swap them
+    # in turn and restore them out of order.
     callback = set_eval_frame(None)
     try:
-        # The global hook dicts are process-wide: observed calls on two
-        # threads would swap them in turn and restore them out of order.
-        with _observed_calls_lock:
-            hooks = _ForwardHooks(_module_of(fn))
-            hooks.lift()
+        with _observed_calls_lock, _LiftedForwardHooks(_module_of(fn)) as hooks:
+            result = None
             try:
-                return hooks.call(fn, args, kwargs, modes, callback)
-            finally:
-                hooks.restore()
+                args, kwargs = hooks.fire_pre_hooks(args, kwargs)
+                with _PresentedAsIgnoringCompileInternals(len(modes)):
+                    set_eval_frame(callback)
+                    try:
+                        result = fn(*args, **kwargs)
+                    finally:
+                        set_eval_frame(None)
+                return hooks.fire_post_hooks(args, kwargs, result)
+            except Exception:
+                hooks.fire_always_called_hooks(args, kwargs, result)
+                raise
     finally:
         set_eval_frame(callback)
 
@@ -178,12 +187,13 @@ def call_observed(
 _observed_calls_lock = threading.RLock()
 
 
-class _ForwardHooks:
+class _LiftedForwardHooks:
     """
-    The global forward hooks and those of a module, fired in the order
-    Module._call_impl fires them. For the call their dicts are swapped for
-    empty ones: handles keep removing hooks from the dicts they were
-    registered in, and hooks registered during the call join them after it.
+    The global forward hooks and those of a module, fired for the module in
+    the order Module._call_impl fires them (none without a module). While
+    entered, their dicts are swapped for empty ones: handles keep removing
+    hooks from the dicts they were registered in, and hooks registered
+    meanwhile join them on exit.
     """
 
     _GLOBAL = (
@@ -202,13 +212,12 @@ class _ForwardHooks:
 
     def __init__(self, module: Optional[torch.nn.Module]) -> None:
         self.module = module
-        owners: list[tuple[Any, str]] = [
+        self.owners: list[tuple[Any, str]] = [
             (torch.nn.modules.module, name) for name in self._GLOBAL
         ]
         if module is not None:
-            owners += [(module, name) for name in self._MODULE]
-        self.owners = owners
-        self.dicts = [getattr(owner, name) for owner, name in owners]
+            self.owners += [(module, name) for name in self._MODULE]
+        self.dicts = [getattr(owner, name) for owner, name in self.owners]
         (
             self.global_pre,
             self.global_post,
@@ -220,54 +229,33 @@ class _ForwardHooks:
         )
         self.called: set[int] = set()
 
-    def call(
-        self, fn: Callable[..., Any], args: Any, kwargs: Any, modes: list[Any], callback: Any
-    ) -> Any:
-        """fn(*args, **kwargs) with Dynamo's callback and modes presented as
-        ignoring compile internals, between the module's hooks."""
-        module = self.module
-        result = None
-        try:
-            if module is not None:
-                args, kwargs = self.fire_pre_hooks(module, args, kwargs)
-            with _PresentedAsIgnoringCompileInternals(len(modes)):
-                set_eval_frame(callback)
-                try:
-                    result = fn(*args, **kwargs)
-                finally:
-                    set_eval_frame(None)
-            if module is not None:
-                result = self.fire_post_hooks(module, args, kwargs, result)
-            return result
-        except Exception:
-            if module is not None:
-                self.fire_always_called_hooks(module, args, kwargs, result)
-            raise
-
-    def lift(self) -> None:
+    def __enter__(self) -> "_LiftedForwardHooks":
         for owner, name in self.owners:
             setattr(owner, name, type(getattr(owner, name))())
+        return self
 
-    def restore(self) -> None:
+    def __exit__(self, *exc: Any) -> None:
         for (owner, name), hook_dict in zip(self.owners, self.dicts):
             hook_dict.update(getattr(owner, name))
             setattr(owner, name, hook_dict)
 
-    def fire_pre_hooks(
-        self, module: torch.nn.Module, args: Any, kwargs: Any
-    ) -> tuple[Any, Any]:
+    def fire_pre_hooks(self, args: Any, kwargs: Any) -> tuple[Any, Any]:
+        if self.module is None:
+            return args, kwargs
         for hook_id, hook in (*self.global_pre.items(), *self.pre.items()):
             if hook_id in self.pre_with_kwargs:
-                new = hook(module, args, kwargs)
+                new = hook(self.module, args, kwargs)
                 if new is not None:
                     args, kwargs = new
             else:
-                new = hook(module, args)
+                new = hook(self.module, args)
                 if new is not None:
                     args = new if isinstance(new, tuple) else (new,)
         return args, kwargs
 
     def _post_hooks(self) -> list[tuple[int, Any, bool, bool]]:
+        if self.module is None:
+            return []
         return [
             (hook_id, hook, hook_id in with_kwargs, hook_id in always_called)
             for post, with_kwargs, always_called in (
@@ -277,32 +265,26 @@ class _ForwardHooks:
             for hook_id, hook in list(post.items())
         ]
 
-    def fire_post_hooks(
-        self, module: torch.nn.Module, args: Any, kwargs: Any, result: Any
-    ) -> Any:
+    def _fire(self, hook: Any, with_kwargs: bool, args: Any, kwargs: Any, result: Any) -> Any:
+        if with_kwargs:
+            return hook(self.module, args, kwargs, result)
+        return hook(self.module, args, result)
+
+    def fire_post_hooks(self, args: Any, kwargs: Any, result: Any) -> Any:
         for hook_id, hook, with_kwargs, _ in self._post_hooks():
             self.called.add(hook_id)
-            new = (
-                hook(module, args, kwargs, result)
-                if with_kwargs
-                else hook(module, args, result)
-            )
+            new = self._fire(hook, with_kwargs, args, kwargs, result)
             if new is not None:
                 result = new
         return result
 
-    def fire_always_called_hooks(
-        self, module: torch.nn.Module, args: Any, kwargs: Any, result: Any
-    ) -> None:
+    def fire_always_called_hooks(self, args: Any, kwargs: Any, result: Any) -> None:
         # As Module._call_impl does when forward raises: their errors become
         # warnings, the forward's error propagates.
         for hook_id, hook, with_kwargs, always_called in self._post_hooks():
             if always_called and hook_id not in self.called:
                 try:
-                    if with_kwargs:
-                        hook(module, args, kwargs, result)
-                    else:
-                        hook(module, args, result)
+                    self._fire(hook, with_kwargs, args, kwargs, result)
                 except Exception as e:
                     warnings.warn(
                         "module forward hook with ``always_call=True`` raised an "
