@@ -287,3 +287,25 @@ def test_no_next_line_advises_deleting_a_file_the_tool_did_not_create():
            if (m := _DESTRUCTIVE.search(text)) and "tool's own" not in text
            and not any(name == n and words in text for n, words in _SAFE)]
     assert bad == []
+
+
+def test_bootstrap_stops_before_a_venv_the_disk_cannot_hold(tmp_path):
+    """tools/bootstrap checks the free space before each download (a CI run on
+    a nearly full disk used to fail deep inside pip or a test)."""
+    root = tmp_path / "repo"
+    (root / "tools").mkdir(parents=True)
+    shutil.copy(Path(__file__).parents[2] / "tools" / "bootstrap", root / "tools" / "bootstrap")
+    (root / "requirements.txt").write_text("torch==2.15.0\n")
+    (root / "requirements-dev.txt").write_text("pytest\n")
+    (root / ".venv-stock").mkdir()  # a stale venv: replaced, so its space counts as free
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "df").write_text("#!/bin/sh\necho 'Filesystem 1024-blocks Used Available Capacity Mounted on'\n"
+                                "echo '/dev/x 100000000 97000000 3000000 97% /'\n")  # 2.86 GB free
+    (bin_dir / "df").chmod(0o755)
+    cp = subprocess.run([str(root / "tools" / "bootstrap")], capture_output=True, text=True,
+                        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": "/bin/false"})
+    assert cp.returncode == 1, (cp.stdout, cp.stderr)
+    assert cp.stderr.startswith(f"error: only 2 GB free on the disk holding {root}; torch==2.15.0 with its nvidia "
+                                "dependencies needs about 7 GB\n  next: free disk space"), cp.stderr
+    assert not (root / ".venv-stock").exists() and "Traceback" not in cp.stderr

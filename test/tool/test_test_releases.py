@@ -73,12 +73,12 @@ def test_every_folder_but_the_default_oldest_first(tmp_path):
         f"  1 venv     /usr/bin/python3.11 -m venv {out / 'venv-2.9.1'}",
         f"  2 install  PIP_CONSTRAINT={out / 'empty-constraints.txt'} {vpy} -m pip install -q torch==2.9.1 "
         "-r requirements-dev.txt",
-        f"  3 stock    TORCH_FORK_OVERLAY_STOCK_PYTHON={vpy} {cold} {vpy} -m pytest -q -p no:cacheprovider -rfEs "
+        f"  3 stock    TORCH_FORK_OVERLAY_STOCK_PYTHON={vpy} {cold} {vpy} -m pytest -q -p no:cacheprovider -rfEs -o tmp_path_retention_policy=failed "
         f"--junitxml={out / '2.9.1' / 'stock.xml'} test/test_stock_shows_the_bug.py",
         f"  4 apply    {sys.executable} -m torch_fork_overlay apply --python {vpy}",
-        f"  5 patched  TORCH_FORK_OVERLAY_PATCHED_PYTHON={vpy} {cold} {vpy} -m pytest -q -p no:cacheprovider -rfEs "
+        f"  5 patched  TORCH_FORK_OVERLAY_PATCHED_PYTHON={vpy} {cold} {vpy} -m pytest -q -p no:cacheprovider -rfEs -o tmp_path_retention_policy=failed "
         f"--junitxml={out / '2.9.1' / 'patched.xml'} test/test_stock_shows_the_bug.py",
-        f"  6 contract {cold} {vpy} -m pytest -q -p no:cacheprovider -rfEs -n 2 --junitxml={out / '2.9.1' / 'contract.xml'} "
+        f"  6 contract {cold} {vpy} -m pytest -q -p no:cacheprovider -rfEs -o tmp_path_retention_policy=failed -n 2 --junitxml={out / '2.9.1' / 'contract.xml'} "
         "test/dynamo/test_compile_under_fake_mode.py test/dynamo/test_compile_under_fake_mode_guards.py "
         "test/dynamo/test_compile_under_fake_mode_backends.py test/dynamo/test_compile_under_fake_mode_fidelity.py "
         "test/dynamo/test_compile_under_fake_mode_trackers.py "
@@ -153,6 +153,9 @@ def stand_in(monkeypatch, tmp_path):
         return steps
 
     monkeypatch.setattr(tr, "plan", plan)
+    # the stand-in steps install nothing: the disk guard must not depend on
+    # how full this machine's disk is (test_install_refused_... sets its own)
+    monkeypatch.setenv(tr.MIN_FREE_ENV, "0")
     monkeypatch.setenv("TORCH_FORK_OVERLAY_PATCHES", str(patches(tmp_path, "2.9.1", "2.13.0", "2.15.0")))
     monkeypatch.delenv(tr.ENV_RELEASES, raising=False)
     return fail
