@@ -127,6 +127,82 @@ COMPILED_MODULES = {
 }
 
 
+def saved_activations(model, inputs, backend):
+    """
+    Bytes of the storages a real compiled forward saves for backward (but the
+    parameters' and the inputs') and of its output's.
+    """
+    torch._dynamo.reset()
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = torch.compile(model, backend=backend)(*inputs)
+    for t in (*model.parameters(), *model.buffers(), *inputs):
+        saved.pop(t.untyped_storage().data_ptr(), None)
+    saved[out.untyped_storage().data_ptr()] = out.untyped_storage().nbytes()
+    return sum(saved.values())
+
+
+def mem_tracker_activations(compiled_model, model, fake_inputs):
+    """MemTracker's activations after a fake call's forward, and its output."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    mem_tracker = MemTracker()
+    mem_tracker.track_external(model, *fake_inputs)
+    with mem_tracker:
+        out = compiled_model(*fake_inputs)
+        after_forward = mem_tracker.get_tracker_snapshot("current")
+        out.sum().backward()
+    activations = {str(kind): n for kind, n in after_forward[out.device].items()}
+    return activations["_MemRefType.ACT"], out
+
+
+@torch.library.custom_op("fake_mode_trackers_test::scale_", mutates_args=("buf",))
+def scale_(buf: torch.Tensor, x: torch.Tensor) -> None:
+    buf.copy_(x * 2)
+
+
+@scale_.register_fake
+def _(buf, x):
+    return None
+
+
+class MutatesABuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+        self.register_buffer("buf", torch.zeros(4, 8))
+
+    def forward(self, x):
+        y = self.linear(x)
+        scale_(self.buf, y.detach())
+        return torch.tanh(y) + self.buf
+
+
+@torch.compiler.nested_compile_region
+def region(linear, x):
+    return torch.tanh(linear(x))
+
+
+class CallsARegionTwice(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return region(self.linear, region(self.linear, x))
+
+
+HOP_CASES = {
+    "mutating_custom_op": MutatesABuffer,
+    "nested_compile_region": CallsARegionTwice,
+}
+
+
 class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
     # Every tracker around every compiled form, first call under the tracker
     # or before it: nothing fails inside Dynamo, fullgraph=True holds, and the
@@ -267,6 +343,40 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
         self.assertEqual(cnt.frame_count, 0)
         self.assertEqual(out.dtype, torch.float16)
 
+    def test_a_global_forward_hook_of_the_user_runs_frames_eagerly(self):
+        # A global forward hook that is not a module tracker's may change
+        # results: it fires for every module, as on stock, and nothing is
+        # compiled for the call.
+        def first_half(module, args, output):
+            if isinstance(module, torch.nn.Linear):
+                return output[..., : output.shape[-1] // 2]
+
+        handle = torch.nn.modules.module.register_module_forward_hook(first_half)
+        self.addCleanup(handle.remove)
+        cnt = CompileCounterWithBackend("aot_eager")
+        with FakeTensorMode():
+            model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+            model.compile(backend=cnt)
+            with FlopCounterMode(display=False):
+                out = model(torch.randn(2, 8))
+        self.assertEqual(out.shape, (2, 4))
+        self.assertEqual(cnt.frame_count, 0)
+
+    @parametrize("form", ["torch.compile(fn)", "Module.compile()"])
+    def test_force_eager_stance_shows_trackers_eager(self, form):
+        # set_stance("force_eager") gives eager's figures, every module included.
+        with FakeTensorMode():
+            model = MLP()
+            x = torch.randn(4, 16)
+            with FlopCounterMode(display=False) as eager:
+                model(x)
+            fn = compiled(form, model, "aot_eager", fullgraph=False)
+            with torch.compiler.set_stance("force_eager"):
+                with FlopCounterMode(display=False) as counter:
+                    fn(x)
+        self.assertEqual(set(counter.get_flop_counts()), set(eager.get_flop_counts()))
+        self.assertIn("MLP.up", counter.get_flop_counts())
+
     @needs_trackers_patch
     @parametrize("backend", BACKENDS)
     def test_flop_counter_around_compiled_module(self, backend):
@@ -338,44 +448,52 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
         # forward are what the real compiled run saves for backward (but
         # parameters and inputs, which it books apart) and the output, checked
         # against a real compiled run on CPU; eager saves more.
-        from torch.distributed._tools.mem_tracker import MemTracker
-
         model, inputs, config, _ = make_case(case)
-
-        def saved_activations(backend):
-            # Bytes of the storages the forward saves for backward, but the
-            # parameters' and the inputs', and of the output's.
-            torch._dynamo.reset()
-            saved = {}
-
-            def pack(t):
-                saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-                return t
-
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                out = torch.compile(model, backend=backend)(*inputs)
-            for t in (*model.parameters(), *inputs):
-                saved.pop(t.untyped_storage().data_ptr(), None)
-            return sum(saved.values()) + out.untyped_storage().nbytes()
-
         with torch._functorch.config.patch(config):
-            real = saved_activations(backend)
-            eager = saved_activations("eager")
+            real = saved_activations(model, inputs, backend)
+            eager = saved_activations(model, inputs, "eager")
             torch._dynamo.reset()
             with FakeTensorMode(allow_non_fake_inputs=True) as mode:
                 fake_inputs = [
                     mode.from_tensor(t.detach()).requires_grad_() for t in inputs
                 ]
-                compiled_model = torch.compile(model, backend=backend)
-                mem_tracker = MemTracker()
-                mem_tracker.track_external(model, *fake_inputs)
-                with mem_tracker:
-                    out = compiled_model(*fake_inputs)
-                    after_forward = mem_tracker.get_tracker_snapshot("current")
-                    out.sum().backward()
-        activations = {str(kind): n for kind, n in after_forward[out.device].items()}
-        self.assertEqual(activations["_MemRefType.ACT"], real)
+                activations, _ = mem_tracker_activations(
+                    torch.compile(model, backend=backend), model, fake_inputs
+                )
+        self.assertEqual(activations, real)
         self.assertLess(real, eager)
+
+    @needs_trackers_patch
+    @parametrize("backend", ["aot_eager", "inductor"])
+    @parametrize("case", ["mutating_custom_op", "nested_compile_region"])
+    def test_trackers_see_inside_ops_only_compiled_graphs_have(self, case, backend):
+        # Compiled graphs call a mutating custom op through
+        # auto_functionalized and a nested_compile_region through
+        # invoke_subgraph, higher-order ops eager never calls and trackers
+        # have no rule for (stock runs these frames eagerly). The trackers see
+        # the ops inside: FlopCounterMode counts eager's matmuls (no
+        # recomputation here), MemTracker's activations are what the real
+        # compiled run saves.
+        torch.manual_seed(0)
+        model = HOP_CASES[case]()
+        inputs = (torch.randn(4, 8, requires_grad=True),)
+        real = saved_activations(model, inputs, backend)
+        torch._dynamo.reset()
+        with FakeTensorMode():
+            # Built under the mode, as estimators do: MemTracker books its
+            # parameters as parameters.
+            model = HOP_CASES[case]()
+            fake_x = torch.randn(4, 8, requires_grad=True)
+            compiled_model = torch.compile(model, backend=backend)
+            with FlopCounterMode(display=False) as counter:
+                compiled_model(fake_x).sum().backward()
+            with FlopCounterMode(display=False) as eager:
+                model(fake_x).sum().backward()
+            activations, out = mem_tracker_activations(compiled_model, model, [fake_x])
+        self.assertGreater(eager.get_total_flops(), 0)
+        self.assertEqual(counter.get_total_flops(), eager.get_total_flops())
+        self.assertEqual(activations, real)
+        self.assertEqual(out.shape, (4, 8))
 
     @needs_trackers_patch
     def test_fullgraph_under_a_mode_that_only_observes_compiles(self):

@@ -5,12 +5,16 @@ dispatch modes make Dynamo skip. See Note [Inheriting the ambient
 FakeTensorMode] in ambient_fake_mode.py.
 """
 
+import copy
+import functools
 import logging
+import sys
 import threading
 import warnings
 from typing import Any, Callable, Optional
 
 import torch
+from torch import fx
 from torch._C._dynamo.eval_frame import set_eval_frame
 from torch._C._dynamo.guards import set_is_in_mode_without_ignore_compile_internals
 from torch.utils import _python_dispatch
@@ -69,7 +73,14 @@ def frames_run_eagerly_under_modes() -> bool:
 #   graph runs under the trackers themselves.
 # So a tracker sees the graphs a fake call runs (what the compiled forward
 # saves for backward, what backward recomputes), the figures of the compiled
-# run. Other modes (which may change what ops return), backward module hooks
+# run. Compilation also puts higher-order ops where eager calls ops
+# (invoke_subgraph for nested_compile_region, auto_functionalized for ops
+# that mutate inputs, with_effects for effectful ops); trackers have no rule
+# for them (MemTracker raises, FlopCounterMode counts nothing inside), so
+# graphs that run under trackers call those ops' own implementation (their
+# CompositeExplicitAutograd kernel) and the trackers see the ops inside, as
+# the compiled code runs them. Other higher-order ops (control flow) reach the
+# trackers as in eager. Other modes (which may change what ops return), backward module hooks
 # (CommDebugMode's module tracker installs a global one), and calls without a
 # user's FakeTensorMode keep the frames skipped, as on stock.
 
@@ -93,14 +104,18 @@ class _ObservingCompiledRun(_python_dispatch.TorchDispatchMode):
         return self.mode.__torch_dispatch__(func, types, args, kwargs)
 
 
-def observers_of_compiled_call(fn: Callable[..., Any]) -> Optional[list[Any]]:
+def observers_of_compiled_call(
+    fn: Callable[..., Any], callback: Any
+) -> Optional[list[Any]]:
     """
     The dispatch modes (bottom first) a call of compiled fn under a user's
     FakeTensorMode shows the compiled run to (see Note [Trackers see the
-    compiled run of a fake call]), or None: no user's FakeTensorMode, no mode
-    to present, a mode that may change results, or backward module hooks.
+    compiled run of a fake call]), or None: a call that compiles nothing
+    (set_stance("force_eager"), run-only), no user's FakeTensorMode, no mode
+    to present, a mode that may change results, backward module hooks, or a
+    global forward hook not a module tracker's (it may change results).
     """
-    if users_fake_mode() is None:
+    if callback in (None, False) or users_fake_mode() is None:
         return None
     modes = [
         mode
@@ -116,9 +131,37 @@ def observers_of_compiled_call(fn: Callable[..., Any]) -> Optional[list[Any]]:
         hooks._global_backward_pre_hooks
         or hooks._global_backward_hooks
         or (module is not None and (module._backward_pre_hooks or module._backward_hooks))
+        or not all(
+            _is_a_module_trackers(hook)
+            for hook in (
+                *hooks._global_forward_pre_hooks.values(),
+                *hooks._global_forward_hooks.values(),
+            )
+        )
     ):
         return None
     return modes
+
+
+def _is_a_module_trackers(hook: Callable[..., Any]) -> bool:
+    """
+    Whether hook is a method of the module trackers that trackers use
+    (FlopCounterMode's ModuleTracker, MemTracker's ModTracker): it records
+    which module runs, and changes nothing.
+    """
+    owner = getattr(hook, "__self__", None)
+    # Not imported: none of its hooks is registered (no import here: Dynamo's
+    # callback may be set around this call).
+    for module_name, class_name in (
+        ("torch.utils.module_tracker", "ModuleTracker"),
+        ("torch.distributed._tools.mod_tracker", "ModTracker"),
+    ):
+        tracker_module = sys.modules.get(module_name)
+        if tracker_module is not None and isinstance(
+            owner, getattr(tracker_module, class_name)
+        ):
+            return True
+    return False
 
 
 def _only_observes(mode: Any) -> bool:
@@ -131,6 +174,78 @@ def _only_observes(mode: Any) -> bool:
         if "__torch_dispatch__" in cls.__dict__:
             return cls.__dict__.get("_only_observes", False) is True
     return False
+
+
+def runs_under_observers() -> bool:
+    """
+    Whether a graph runs under a tracker shown the compiled run: its forward
+    under the modes presenting trackers, its backward under the trackers.
+    """
+    return any(
+        isinstance(mode, _ObservingCompiledRun) or _only_observes(mode)
+        for mode in _python_dispatch._get_current_dispatch_mode_stack()
+    )
+
+
+@functools.cache
+def _kernels_of_compile_only_hops() -> dict[str, Callable[..., Any]]:
+    """The higher-order ops only compiled graphs call, by name, to their own kernels."""
+    from torch._higher_order_ops.auto_functionalize import (
+        auto_functionalized,
+        auto_functionalized_v2,
+    )
+    from torch._higher_order_ops.effects import with_effects
+    from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
+
+    kernels = {
+        hop.name(): hop.py_kernels[torch._C.DispatchKey.CompositeExplicitAutograd]
+        for hop in (auto_functionalized, auto_functionalized_v2, with_effects)
+    }
+    # Its kernel calls the subgraph, asserting that no mode is active.
+    kernels[invoke_subgraph.name()] = _call_subgraph
+    return kernels
+
+
+def _call_subgraph(subgraph: Any, identifier: Any, *operands: Any) -> Any:
+    if getattr(subgraph, "_boxed_call", False):
+        return subgraph(list(operands))
+    return subgraph(*operands)
+
+
+def _call_kernel(hop_name: str, *args: Any, **kwargs: Any) -> Any:
+    return _kernels_of_compile_only_hops()[hop_name](*args, **kwargs)
+
+
+def graph_for_observers(gm: fx.GraphModule) -> Optional[fx.GraphModule]:
+    """
+    A copy of gm in which the higher-order ops only compiled graphs call (in gm
+    and the subgraphs it calls) call their kernels instead, or None when gm
+    calls none (see Note [Trackers see the compiled run of a fake call]).
+    """
+    kernels = _kernels_of_compile_only_hops()
+
+    def hop_nodes(module: torch.nn.Module) -> list[fx.Node]:
+        if not isinstance(module, fx.GraphModule):
+            return []
+        return [
+            node
+            for node in module.graph.nodes
+            if node.op == "call_function"
+            and isinstance(node.target, torch._ops.HigherOrderOperator)
+            and node.target.name() in kernels
+        ]
+
+    if not any(hop_nodes(module) for module in gm.modules()):
+        return None
+    observed = copy.deepcopy(gm)
+    for module in observed.modules():
+        nodes = hop_nodes(module)
+        for node in nodes:
+            node.args = (node.target.name(), *node.args)  # type: ignore[union-attr]
+            node.target = _call_kernel
+        if nodes:
+            module.recompile()  # type: ignore[operator]
+    return observed
 
 
 def _module_of(fn: Callable[..., Any]) -> Optional[torch.nn.Module]:
