@@ -9,6 +9,8 @@ See Note [Inheriting the ambient FakeTensorMode] in
 torch/_dynamo/ambient_fake_mode.py
 """
 
+import unittest
+
 import torch
 import torch._dynamo.test_case
 from torch._dynamo.backends.common import aot_autograd
@@ -41,6 +43,36 @@ class CompileUnderFakeModeBackendTests(CompileUnderFakeModeTestCase):
             lambda x: x * 2 + 1, lambda: (torch.randn(4, 3, device="cuda"),), backend
         )
         self.assertEqual(out.device.type, "cuda")
+
+    @unittest.skipUnless(
+        hasattr(torch._dynamo.decorators, "leaf_function"), "torch without leaf_function"
+    )
+    @parametrize("backend", ["aot_eager", "inductor"])
+    def test_leaf_function(self, backend):
+        # Its node's value holds a TreeSpec beside the tensors (the check for
+        # data-dependent sizes looked at every value).
+        from torch._dynamo.decorators import leaf_function
+
+        @leaf_function
+        def gram(x):
+            return (x @ x.t(),)
+
+        @gram.register_fake
+        def _(x):
+            return (x.new_empty(x.shape[0], x.shape[0]),)
+
+        def fn(linear, x):
+            y = linear(x)
+            return y + gram(y)[0].sum()
+
+        with FakeTensorMode() as mode:
+            linear = torch.nn.Linear(8, 8)
+            x = torch.randn(4, 8, requires_grad=True)
+            out = torch.compile(fn, backend=backend)(linear, x)
+            out.sum().backward()
+        self.assertIs(out.fake_mode, mode)
+        self.assertEqual(out.shape, (4, 8))
+        self.assertEqual(x.grad.shape, (4, 8))
 
     def test_inductor_compiles_on_first_real_call_only(self):
         fn = torch.compile(lambda x: x.cos() + x, backend="inductor")

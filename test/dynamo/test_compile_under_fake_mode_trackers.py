@@ -197,6 +197,26 @@ class CallsARegionTwice(torch.nn.Module):
         return region(self.linear, region(self.linear, x))
 
 
+@torch.compiler.nested_compile_region
+def mutating_region(linear, buf, x):
+    y = linear(x)
+    scale_(buf, y)
+    return y + buf
+
+
+class MutatesInARegion(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+        self.register_buffer("buf", torch.zeros(4, 8))
+
+    def forward(self, x):
+        y = mutating_region(self.linear, self.buf, mutating_region(self.linear, self.buf, x))
+        # a tensor constant of the graph: shared, not copied under the modes,
+        # when the graph is rewritten for trackers
+        return y + torch.tensor([1.0] * 8)
+
+
 HOP_CASES = {
     "mutating_custom_op": MutatesABuffer,
     "nested_compile_region": CallsARegionTwice,
@@ -342,6 +362,23 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
                 out = torch.compile(lambda a: (a @ a).sum(-1), backend=cnt)(a)
         self.assertEqual(cnt.frame_count, 0)
         self.assertEqual(out.dtype, torch.float16)
+
+    @parametrize("backend", ["aot_eager", "inductor"])
+    def test_flop_counter_inside_a_region_that_mutates_a_buffer(self, backend):
+        # Without grad, the graph calls auto_functionalized_v2 of an
+        # invoke_subgraph: the inner higher-order op reaches the tracker's
+        # forwarding mode, which runs it through its kernel too.
+        with FakeTensorMode(), torch.no_grad():
+            model = MutatesInARegion()
+            x = torch.randn(4, 8)
+            with FlopCounterMode(display=False) as eager:
+                model(x)
+            compiled_model = torch.compile(model, backend=backend)
+            with FlopCounterMode(display=False) as counter:
+                out = compiled_model(x)
+        self.assertGreater(eager.get_total_flops(), 0)
+        self.assertEqual(counter.get_total_flops(), eager.get_total_flops())
+        self.assertEqual(out.shape, (4, 8))
 
     def test_a_global_forward_hook_of_the_user_runs_frames_eagerly(self):
         # A global forward hook that is not a module tracker's may change

@@ -781,10 +781,14 @@ def _missing_device(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Option
 
 def _has_data_dependent_sizes(gm: fx.GraphModule) -> bool:
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    from torch.utils import _pytree as pytree
 
+    # Values hold other things too (a leaf function's TreeSpec).
     return any(
-        free_unbacked_symbols(node.meta.get("example_value"))
+        free_unbacked_symbols(value)
         for node in gm.graph.nodes
+        for value in pytree.tree_leaves(node.meta.get("example_value"))
+        if isinstance(value, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool))
     )
 
 

@@ -8,6 +8,7 @@ FakeTensorMode] in ambient_fake_mode.py.
 import copy
 import functools
 import logging
+import operator
 import sys
 import threading
 import warnings
@@ -88,19 +89,29 @@ def frames_run_eagerly_under_modes() -> bool:
 class _ObservingCompiledRun(_python_dispatch.TorchDispatchMode):
     """An observing mode, presented to Dynamo as ignoring compile internals."""
 
+    supports_higher_order_operators = True
+
     def __init__(self, mode: Any) -> None:
         super().__init__()
         self.mode = mode
-        # Higher-order ops reach the mode as they would reach it directly.
-        self.supports_higher_order_operators = getattr(
-            mode, "supports_higher_order_operators", False
-        )
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
         return True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            kernel = _kernels_of_compile_only_hops().get(func.name())
+            if kernel is not None:
+                # One that another calls (auto_functionalized_v2 of an
+                # invoke_subgraph); graph_for_observers rewrote the others.
+                with self:
+                    return kernel(*args, **(kwargs or {}))
+            if not getattr(self.mode, "supports_higher_order_operators", False):
+                raise NotImplementedError(
+                    f"There was no rule registered for HigherOrderOperator "
+                    f"{func.name()} and mode {self.mode}."
+                )
         return self.mode.__torch_dispatch__(func, types, args, kwargs)
 
 
@@ -156,9 +167,10 @@ def _is_a_module_trackers(hook: Callable[..., Any]) -> bool:
         ("torch.utils.module_tracker", "ModuleTracker"),
         ("torch.distributed._tools.mod_tracker", "ModTracker"),
     ):
+        # Exactly: a subclass may change results.
         tracker_module = sys.modules.get(module_name)
-        if tracker_module is not None and isinstance(
-            owner, getattr(tracker_module, class_name)
+        if tracker_module is not None and type(owner) is getattr(
+            tracker_module, class_name
         ):
             return True
     return False
@@ -221,31 +233,43 @@ def graph_for_observers(gm: fx.GraphModule) -> Optional[fx.GraphModule]:
     A copy of gm in which the higher-order ops only compiled graphs call (in gm
     and the subgraphs it calls) call their kernels instead, or None when gm
     calls none (see Note [Trackers see the compiled run of a fake call]).
+    Graphs are copied; tensors and other attributes are shared.
     """
     kernels = _kernels_of_compile_only_hops()
+    copies: dict[int, Optional[fx.GraphModule]] = {}
 
-    def hop_nodes(module: torch.nn.Module) -> list[fx.Node]:
-        if not isinstance(module, fx.GraphModule):
-            return []
-        return [
+    def rewritten(module: fx.GraphModule) -> Optional[fx.GraphModule]:
+        if id(module) in copies:
+            return copies[id(module)]
+        subgraphs = {}
+        for node in module.graph.nodes:
+            if node.op == "get_attr":
+                attr = operator.attrgetter(node.target)(module)
+                if isinstance(attr, fx.GraphModule) and (sub := rewritten(attr)):
+                    subgraphs[node.target] = sub
+        hop_nodes = [
             node
             for node in module.graph.nodes
             if node.op == "call_function"
             and isinstance(node.target, torch._ops.HigherOrderOperator)
             and node.target.name() in kernels
         ]
+        observed = None
+        if hop_nodes or subgraphs:
+            observed = fx.GraphModule(module, copy.deepcopy(module.graph))
+            for target, sub in subgraphs.items():
+                observed.add_submodule(target, sub)
+            for node in observed.graph.nodes:
+                if node.op == "call_function" and isinstance(
+                    node.target, torch._ops.HigherOrderOperator
+                ) and node.target.name() in kernels:
+                    node.args = (node.target.name(), *node.args)
+                    node.target = _call_kernel
+            observed.recompile()
+        copies[id(module)] = observed
+        return observed
 
-    if not any(hop_nodes(module) for module in gm.modules()):
-        return None
-    observed = copy.deepcopy(gm)
-    for module in observed.modules():
-        nodes = hop_nodes(module)
-        for node in nodes:
-            node.args = (node.target.name(), *node.args)  # type: ignore[union-attr]
-            node.target = _call_kernel
-        if nodes:
-            module.recompile()  # type: ignore[operator]
-    return observed
+    return rewritten(gm)
 
 
 def _module_of(fn: Callable[..., Any]) -> Optional[torch.nn.Module]:
