@@ -368,6 +368,13 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
         # Without grad, the graph calls auto_functionalized_v2 of an
         # invoke_subgraph: the inner higher-order op reaches the tracker's
         # forwarding mode, which runs it through its kernel too.
+        with torch.no_grad():
+            try:
+                torch.compile(MutatesInARegion(), backend=backend)(torch.randn(4, 8))
+            except torch._dynamo.exc.BackendCompilerFailed as e:
+                # torch 2.13 cannot functionalize the op inside the region
+                self.skipTest(f"a real compile of the model fails: {e}")
+            torch._dynamo.reset()
         with FakeTensorMode(), torch.no_grad():
             model = MutatesInARegion()
             x = torch.randn(4, 8)
