@@ -204,12 +204,7 @@ def mutating_region(linear, buf, x):
     return y + buf
 
 
-class MutatesInARegion(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(8, 8)
-        self.register_buffer("buf", torch.zeros(4, 8))
-
+class MutatesInARegion(MutatesABuffer):
     def forward(self, x):
         y = mutating_region(self.linear, self.buf, mutating_region(self.linear, self.buf, x))
         # a tensor constant of the graph: shared, not copied under the modes,

@@ -81,9 +81,12 @@ def frames_run_eagerly_under_modes() -> bool:
 # graphs that run under trackers call those ops' own implementation (their
 # CompositeExplicitAutograd kernel) and the trackers see the ops inside, as
 # the compiled code runs them. Other higher-order ops (control flow) reach the
-# trackers as in eager. Other modes (which may change what ops return), backward module hooks
-# (CommDebugMode's module tracker installs a global one), and calls without a
-# user's FakeTensorMode keep the frames skipped, as on stock.
+# trackers as in eager. Other modes (which may change what ops return),
+# backward module hooks (CommDebugMode's module tracker installs a global
+# one), global forward hooks other than ModuleTracker's and ModTracker's
+# (they may change results), calls that compile nothing
+# (set_stance("force_eager")) and calls without a user's FakeTensorMode keep
+# the frames skipped, as on stock.
 
 
 class _ObservingCompiledRun(_python_dispatch.TorchDispatchMode):
@@ -238,6 +241,13 @@ def graph_for_observers(gm: fx.GraphModule) -> Optional[fx.GraphModule]:
     kernels = _kernels_of_compile_only_hops()
     copies: dict[int, Optional[fx.GraphModule]] = {}
 
+    def calls_one(node: fx.Node) -> bool:
+        return (
+            node.op == "call_function"
+            and isinstance(node.target, torch._ops.HigherOrderOperator)
+            and node.target.name() in kernels
+        )
+
     def rewritten(module: fx.GraphModule) -> Optional[fx.GraphModule]:
         if id(module) in copies:
             return copies[id(module)]
@@ -247,24 +257,14 @@ def graph_for_observers(gm: fx.GraphModule) -> Optional[fx.GraphModule]:
                 attr = operator.attrgetter(node.target)(module)
                 if isinstance(attr, fx.GraphModule) and (sub := rewritten(attr)):
                     subgraphs[node.target] = sub
-        hop_nodes = [
-            node
-            for node in module.graph.nodes
-            if node.op == "call_function"
-            and isinstance(node.target, torch._ops.HigherOrderOperator)
-            and node.target.name() in kernels
-        ]
         observed = None
-        if hop_nodes or subgraphs:
+        if subgraphs or any(map(calls_one, module.graph.nodes)):
             observed = fx.GraphModule(module, copy.deepcopy(module.graph))
             for target, sub in subgraphs.items():
                 observed.add_submodule(target, sub)
-            for node in observed.graph.nodes:
-                if node.op == "call_function" and isinstance(
-                    node.target, torch._ops.HigherOrderOperator
-                ) and node.target.name() in kernels:
-                    node.args = (node.target.name(), *node.args)
-                    node.target = _call_kernel
+            for node in filter(calls_one, observed.graph.nodes):
+                node.args = (node.target.name(), *node.args)
+                node.target = _call_kernel
             observed.recompile()
         copies[id(module)] = observed
         return observed
