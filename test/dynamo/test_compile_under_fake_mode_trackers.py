@@ -147,6 +147,17 @@ def saved_activations(model, inputs, backend):
     return sum(saved.values())
 
 
+def gradients_match_eager(model, inputs, backend):
+    """Whether a real compiled run's gradients are eager's."""
+    torch._dynamo.reset()
+    wrt = [*model.parameters(), *inputs]
+    compiled = torch.autograd.grad(
+        torch.compile(model, backend=backend)(*inputs).sum(), wrt
+    )
+    eager = torch.autograd.grad(model(*inputs).sum(), wrt)
+    return all(torch.allclose(c, e, atol=1e-5) for c, e in zip(compiled, eager))
+
+
 def mem_tracker_activations(compiled_model, model, fake_inputs):
     """MemTracker's activations after a fake call's forward, and its output."""
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -212,9 +223,16 @@ class MutatesInARegion(MutatesABuffer):
         return y + torch.tensor([1.0] * 8)
 
 
+class AddsAConstantToARegion(CallsARegionTwice):
+    def forward(self, x):
+        # a tensor constant of the graph beside the region's calls
+        return super().forward(x) + torch.tensor([1.0] * 8)
+
+
 HOP_CASES = {
     "mutating_custom_op": MutatesABuffer,
     "nested_compile_region": CallsARegionTwice,
+    "nested_compile_region_and_a_constant": AddsAConstantToARegion,
 }
 
 
@@ -508,7 +526,7 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
 
     @needs_trackers_patch
     @parametrize("backend", ["aot_eager", "inductor"])
-    @parametrize("case", ["mutating_custom_op", "nested_compile_region"])
+    @parametrize("case", list(HOP_CASES))
     def test_trackers_see_inside_ops_only_compiled_graphs_have(self, case, backend):
         # Compiled graphs call a mutating custom op through
         # auto_functionalized and a nested_compile_region through
@@ -520,6 +538,11 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
         torch.manual_seed(0)
         model = HOP_CASES[case]()
         inputs = (torch.randn(4, 8, requires_grad=True),)
+        if not gradients_match_eager(model, inputs, backend):
+            # Inductor 2.15 writes the output of a pointwise op after a
+            # region called twice into a buffer the forward saves for
+            # backward: that run saves less and computes wrong gradients.
+            self.skipTest(f"a real {backend} run computes wrong gradients")
         real = saved_activations(model, inputs, backend)
         torch._dynamo.reset()
         with FakeTensorMode():
