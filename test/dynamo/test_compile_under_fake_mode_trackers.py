@@ -216,6 +216,7 @@ def mutating_region(linear, buf, x):
 
 
 class MutatesInARegion(MutatesABuffer):
+    # MutatesABuffer's linear and buffer, mutated inside a region
     def forward(self, x):
         y = mutating_region(self.linear, self.buf, mutating_region(self.linear, self.buf, x))
         # a tensor constant of the graph: shared, not copied under the modes,

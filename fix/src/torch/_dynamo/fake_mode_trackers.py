@@ -83,10 +83,11 @@ def frames_run_eagerly_under_modes() -> bool:
 # the compiled code runs them. Other higher-order ops (control flow) reach the
 # trackers as in eager. Other modes (which may change what ops return),
 # backward module hooks (CommDebugMode's module tracker installs a global
-# one), global forward hooks other than ModuleTracker's and ModTracker's
-# (they may change results), calls that compile nothing
-# (set_stance("force_eager")) and calls without a user's FakeTensorMode keep
-# the frames skipped, as on stock.
+# one), global forward or forward pre-hooks other than those of
+# ModuleTracker and ModTracker themselves (not subclasses: they may change
+# results), calls that compile nothing (set_stance("force_eager"), run-only
+# calls) and calls without a user's FakeTensorMode keep the frames skipped,
+# as on stock.
 
 
 class _ObservingCompiledRun(_python_dispatch.TorchDispatchMode):
@@ -241,7 +242,7 @@ def graph_for_observers(gm: fx.GraphModule) -> Optional[fx.GraphModule]:
     kernels = _kernels_of_compile_only_hops()
     copies: dict[int, Optional[fx.GraphModule]] = {}
 
-    def calls_one(node: fx.Node) -> bool:
+    def calls_compile_only_hop(node: fx.Node) -> bool:
         return (
             node.op == "call_function"
             and isinstance(node.target, torch._ops.HigherOrderOperator)
@@ -258,11 +259,11 @@ def graph_for_observers(gm: fx.GraphModule) -> Optional[fx.GraphModule]:
                 if isinstance(attr, fx.GraphModule) and (sub := rewritten(attr)):
                     subgraphs[node.target] = sub
         observed = None
-        if subgraphs or any(map(calls_one, module.graph.nodes)):
+        if subgraphs or any(map(calls_compile_only_hop, module.graph.nodes)):
             observed = fx.GraphModule(module, copy.deepcopy(module.graph))
             for target, sub in subgraphs.items():
                 observed.add_submodule(target, sub)
-            for node in filter(calls_one, observed.graph.nodes):
+            for node in filter(calls_compile_only_hop, observed.graph.nodes):
                 node.args = (node.target.name(), *node.args)
                 node.target = _call_kernel
             observed.recompile()
