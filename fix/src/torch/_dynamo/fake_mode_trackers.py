@@ -8,7 +8,6 @@ FakeTensorMode] in ambient_fake_mode.py.
 import copy
 import functools
 import logging
-import operator
 import sys
 import threading
 import warnings
@@ -18,6 +17,7 @@ import torch
 from torch import fx
 from torch._C._dynamo.eval_frame import set_eval_frame
 from torch._C._dynamo.guards import set_is_in_mode_without_ignore_compile_internals
+from torch.fx.graph_module import _get_attr
 from torch.utils import _python_dispatch
 
 from . import fake_mode_compat
@@ -255,7 +255,7 @@ def graph_for_observers(gm: fx.GraphModule) -> Optional[fx.GraphModule]:
         subgraphs = {}
         for node in module.graph.nodes:
             if node.op == "get_attr":
-                attr = operator.attrgetter(node.target)(module)
+                attr = _get_attr(module, node.target)
                 if isinstance(attr, fx.GraphModule) and (sub := rewritten(attr)):
                     subgraphs[node.target] = sub
         observed = None
