@@ -1,7 +1,7 @@
 """pytest plugin for running the contract tests on stock torch (the counterfactual).
 
 The contract tests set the patch's switches in ``torch._dynamo.config``
-(``fake_mode_region_after_calls`` in setUp, ``inherit_ambient_fake_mode`` in the
+(``fake_mode_region_after_calls`` in the regions tests, ``inherit_ambient_fake_mode`` in the
 counterfactual tests); stock torch has none of them, so every test would fail
 in setUp for that reason alone. This plugin makes ``config.patch`` drop exactly
 those switches when torch lacks them: stock then fails (or passes) for what it

@@ -107,8 +107,9 @@ class CompileUnderFakeModeTestCase(torch._dynamo.test_case.TestCase):
         # A FakeTensor's data pointer must never be read: that is what
         # Inductor's kernels would do if they ran on FakeTensors.
         self._stack = contextlib.ExitStack()
-        # What this torch ships with, before the patch below changes it (the
-        # stock counterfactual runs these tests on a torch without the switch).
+        # What this torch ships with, before a subclass's setUp changes it
+        # (the stock counterfactual runs these tests on a torch without the
+        # switch). The tests run the default path: regions are off.
         self.shipped_region_after_calls = getattr(
             torch._dynamo.config, "fake_mode_region_after_calls", None
         )
@@ -122,11 +123,6 @@ class CompileUnderFakeModeTestCase(torch._dynamo.test_case.TestCase):
             torch._functorch.config.patch(enable_autograd_cache=False)
         )
         self._stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False))
-        # The first call runs op by op, the later ones the regions: tests that
-        # call more than once see both.
-        self._stack.enter_context(
-            torch._dynamo.config.patch(fake_mode_region_after_calls=1)
-        )
         self.inductor_compiles = 0
         compile_fx = torch._inductor.compile_fx
         compile_fx_inner = compile_fx._compile_fx_inner
@@ -727,7 +723,9 @@ class GraphModule(torch.nn.Module):
 
         # Regions serve entries that run op by op.
         self._stack.enter_context(
-            torch._dynamo.config.patch(fake_mode_runs_backend_graphs=False)
+            torch._dynamo.config.patch(
+                fake_mode_runs_backend_graphs=False, fake_mode_region_after_calls=1
+            )
         )
         compiled = torch.compile(fn, backend=backend)
         with FakeTensorMode(), torch.no_grad():

@@ -559,6 +559,42 @@ class CompileUnderFakeModeFidelityTests(torch._dynamo.test_case.TestCase):
             fake = calls(torch.randn(6, 3), torch.randn(3))
         self.assertEqual(fake, real)
 
+    # Dtype views of outputs (view(dtype), view_as_real, view_as_complex)
+    # keep their dtype on every call, replayed or not, as in the compiled run.
+    @parametrize("backend", BACKENDS)
+    def test_repeated_fake_calls_keep_dtype_views(self, backend):
+        def fn(x):
+            y = x * 2
+            yc = torch.view_as_complex(x.reshape(4, 3, 2) + 0)
+            return y, y.view(torch.int32), torch.view_as_real(yc * 2), yc * 1
+
+        def calls(make_input):
+            compiled = torch.compile(fn, backend=backend)
+            with torch.no_grad():
+                return [
+                    [
+                        (o.dtype, o.shape, o.stride(), o.storage_offset(), o._is_view())
+                        for o in compiled(make_input())
+                    ]
+                    for _ in range(4)
+                ]
+
+        real = calls(lambda: torch.randn(4, 6))
+        torch._dynamo.reset()
+        counters.clear()
+        with FakeTensorMode():
+            fake = calls(lambda: torch.randn(4, 6))
+        # Replayed calls give what the first, which ran the graphs, gave.
+        self.assertEqual(fake, [fake[0]] * 4)
+        self.assertEqual(
+            [meta[:4] for meta in fake[0]], [meta[:4] for meta in real[0]]
+        )
+        self.assertEqual(
+            [meta[0] for meta in fake[0]],
+            [torch.float32, torch.int32, torch.float32, torch.complex64],
+        )
+        self.assertGreater(counters["fake_mode"]["graphs_replayed"], 0)
+
     # A replay gives what running the graphs gives: under inference mode, for
     # inputs that are one tensor in some calls and two in others, for a
     # constant input, and for an output that is also saved for backward.

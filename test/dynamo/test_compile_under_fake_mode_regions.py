@@ -72,6 +72,14 @@ def region_cache_keys():
 
 
 class CompileUnderFakeModeRegionTieringTests(CompileUnderFakeModeTestCase):
+    def setUp(self):
+        super().setUp()
+        # Regions are opt-in: the first call runs op by op, the later ones
+        # the regions, unless a test says otherwise.
+        self._stack.enter_context(
+            torch._dynamo.config.patch(fake_mode_region_after_calls=1)
+        )
+
     # Regions replay the captured graph: they serve entries that run op by op
     # (backend aot_eager and inductor run their own graphs by default).
     def run_op_by_op(self):

@@ -98,10 +98,11 @@ See Note [Inheriting the ambient FakeTensorMode] below.
 # FakeTensorMode dispatch-cache hit costs, not a dispatch per op. Each graph
 # a backend built for fake calls remembers, per inputs' metadata, how the
 # call made its outputs (_Replay), and a later call with the same metadata
-# makes them again from that record without running the graph's ops: fresh
-# FakeTensors of the same metadata, views of a storage of the same size,
-# the inputs or views of them, so what a call saves for backward is the
-# same. Only where that is sound: graphs of ATen ops that mutate nothing,
+# makes them again from that record without running the graph's ops, as
+# FakeTensorMode's dispatch cache rebuilds an op's output, so what a call
+# saves for backward is the same; a record is kept only once it rebuilt
+# exactly what the graph made (see Note [Replaying a graph's outputs from
+# their metadata]). Only where that is sound: graphs of ATen ops that mutate nothing,
 # static shapes, one FakeTensorMode, and no other dispatch mode or functorch
 # transform, which must see the ops (a tracker, a recording mode); anything
 # else runs the graph. Graphs run op by op (the eager backend, custom
@@ -516,11 +517,9 @@ class _Replay:
     compiled regions under wrap_inductor_compiled_regions). Only for graphs
     of ATen ops that mutate nothing, calls under one FakeTensorMode with
     static shapes, outside inference mode, with no other dispatch mode or
-    functorch transform (which must see the ops), and outputs that are
-    inputs, views of an input or of an earlier output, or tensors the call
-    made fresh, not written in place. As in the dispatch cache, a view of a
-    fresh storage comes back as a tensor on a storage of the same size, not
-    as a view.
+    functorch transform (which must see the ops).
+
+    See Note [Replaying a graph's outputs from their metadata].
     """
 
     MAX_ENTRIES = 8
@@ -596,33 +595,7 @@ class _Replay:
         if recorded is None:
             return None
         counters["fake_mode"]["graphs_replayed"] += 1
-        container, recipes = recorded
-        # Fresh tensors and storages are made as FakeTensorMode's dispatch
-        # cache makes an op's output: a meta tensor wrapped for the mode.
-        with unset_fake_temporarily():
-            metas = [_meta_of(kind, source, meta) for kind, source, meta in recipes]
-        outputs: list[Any] = []
-        with mode:
-            for (kind, source, meta), made in zip(recipes, metas):
-                if kind == "value":
-                    outputs.append(meta)
-                elif kind == "input":
-                    outputs.append(args[source])
-                elif kind == "output":
-                    outputs.append(outputs[source])
-                elif made is not None:
-                    outputs.append(FakeTensor(mode, made, _device_of(kind, source, meta)))
-                else:
-                    size, stride, offset, conj, neg = meta
-                    base = args[source] if kind == "view of input" else outputs[source]
-                    view = base.as_strided(size, stride, offset)
-                    # A conjugate or negative view, as the output was.
-                    if conj != view.is_conj():
-                        view = view.conj()
-                    if neg != view.is_neg():
-                        view = torch._neg_view(view)
-                    outputs.append(view)
-        return container(outputs)
+        return _rebuild(recorded, mode, args)
 
     def record(
         self,
@@ -631,97 +604,229 @@ class _Replay:
         args: Sequence[Any],
         outputs: Any,
     ) -> None:
-        """How to make each output again: an input or an earlier output, a
-        view of one, a fresh tensor, a tensor on a fresh storage, or a
-        value."""
-        from torch.multiprocessing.reductions import StorageWeakRef
-
+        """Keep how the call made its outputs, if rebuilding them from that
+        gives back exactly what the graph made."""
         if key in self.entries or len(self.entries) >= self.MAX_ENTRIES:
             return
         self.entries[key] = None
-        if type(outputs) not in (list, tuple):
+        recorded = _recipes(mode, args, outputs)
+        if recorded is None:
             return
-        owners: dict[Any, tuple[str, int]] = {}
-        same: dict[int, tuple[str, int]] = {}
-        for index, arg in enumerate(args):
-            if isinstance(arg, torch.Tensor):
-                same.setdefault(id(arg), ("input", index))
-                # The graph's ops see a real input as the mode's FakeTensor of it.
-                fake = arg if isinstance(arg, FakeTensor) else mode.from_tensor(arg)
-                owners.setdefault(
-                    StorageWeakRef(fake.untyped_storage()), ("view of input", index)
-                )
-        recipes: list[tuple[str, Any, Any]] = []
-        for index, out in enumerate(outputs):
-            if not isinstance(out, torch.Tensor):
-                if not isinstance(out, (int, float, bool, type(None))):
-                    return
-                recipes.append(("value", None, out))
-                continue
-            if id(out) in same:
-                recipes.append((*same[id(out)], None))
-                continue
-            same[id(out)] = ("output", index)
-            if (
-                type(out) is not FakeTensor
-                or out.fake_mode is not mode
-                or out._version != 0
-                or out.constant is not None
-                or out.layout != torch.strided
-                or out.dtype.itemsize == 0
-            ):
-                return
-            storage = StorageWeakRef(out.untyped_storage())
-            view = (tuple(out.shape), out.stride(), out.storage_offset())
-            view += (out.is_conj(), out.is_neg())
-            if storage in owners:
-                if out.requires_grad:
-                    return
-                recipes.append((*owners[storage], view))
-                continue
-            owners[storage] = ("view of output", index)
-            nbytes = out.untyped_storage().nbytes()
-            if out._is_view():
-                if out.requires_grad or nbytes % out.dtype.itemsize:
-                    return
-                recipes.append(("storage", (nbytes, out.dtype, out.device), view))
-            elif nbytes != _span_nbytes(out) or out.is_conj() or out.is_neg():
-                return
-            else:
-                recipes.append(
-                    ("fresh", None, (*view[:2], out.dtype, out.device, out.requires_grad))
-                )
-        self.entries[key] = (type(outputs), tuple(recipes))
+        try:
+            rebuilt = _rebuild(recorded, mode, args)
+        except Exception:
+            log.debug("Not replayed: rebuilding the outputs failed", exc_info=True)
+            return
+        expected = replay_facts(mode, args, outputs)
+        if replay_facts(mode, args, rebuilt) != expected:
+            log.debug("Not replayed: the rebuilt outputs differ from the graph's")
+            return
+        self.entries[key] = recorded
 
 
-def _meta_of(kind: str, source: Any, meta: Any) -> Optional[torch.Tensor]:
-    """The meta tensor of a fresh output or of a view of a fresh storage."""
-    if kind == "fresh":
-        size, stride, dtype, _, requires_grad = meta
-        return torch.empty_strided(
-            size, stride, dtype=dtype, device="meta", requires_grad=requires_grad
-        )
-    if kind == "storage":
-        nbytes, dtype, _ = source
-        size, stride, offset, conj, neg = meta
-        view = torch.empty(nbytes // dtype.itemsize, dtype=dtype, device="meta")
-        view = view.as_strided(size, stride, offset)
-        if conj:
-            torch._C._set_conj(view, True)
-        if neg:
-            torch._C._set_neg(view, True)
+# Note [Replaying a graph's outputs from their metadata]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A replayed output must be what running the graph would have made, or the
+# fake call answers wrong without a word. So the record holds no metadata of
+# its own choosing: each output is an input or an earlier output (the same
+# object), a value, or a tensor described by FakeTensorMode's own
+# TensorMetadata (what its dispatch cache keys and rebuilds a cached output
+# from: dtype, shape, stride, storage offset and bytes, device, layout,
+# memory format, requires_grad, conj / neg bits, inference) together with
+# the storage it shares (an input's or an earlier output's) and whether it
+# is a view. It is rebuilt as the dispatch cache rebuilds one: a meta tensor
+# of that metadata wrapped for the mode, set onto the storage it shares; a
+# view is made as a view (of what it shares, else of a base of a storage of
+# its size), through a view of the whole storage in the output's dtype, so a
+# dtype view (view(dtype), view_as_real, view_as_complex) keeps its dtype.
+# And a record is kept only after it proved itself: right after the graph
+# ran, the outputs are rebuilt from it for the same inputs and compared with
+# the graph's by replay_facts (every TensorMetadata field, type, owning mode,
+# constant, version counter, leafness and grad_fn kind, which input or
+# output each one is, shares a storage with, or has as _base); any
+# difference, or anything the rebuild cannot make, and the graph keeps
+# running. Later calls with the same key (the inputs' metadata, aliasing and
+# the global state the ops read) rebuild from their own inputs, so they get
+# what that call got. test_compile_under_fake_mode_replay.py checks it on
+# generated graphs against running them.
+
+
+def _recipes(
+    mode: FakeTensorMode, args: Sequence[Any], outputs: Any
+) -> Optional[tuple[Any, ...]]:
+    """How to make each output again, or None where the record cannot."""
+    from torch._subclasses.fake_tensor import extract_tensor_metadata
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    if type(outputs) not in (list, tuple):
+        return None
+    same, owners = _positions(mode, args)
+    recipes: list[tuple[Any, ...]] = []
+    for index, out in enumerate(outputs):
+        if not isinstance(out, torch.Tensor):
+            if not isinstance(out, (int, float, bool, type(None))):
+                return None
+            recipes.append(("value", out))
+            continue
+        if id(out) in same:
+            recipes.append(same[id(out)])
+            continue
+        same[id(out)] = ("output", index)
+        if (
+            type(out) is not FakeTensor
+            or out.fake_mode is not mode
+            or out.constant is not None
+            or out.layout != torch.strided
+        ):
+            return None
+        owner = owners.setdefault(StorageWeakRef(out.untyped_storage()), ("output", index))
+        if owner == ("output", index):
+            owner = None
+        recipes.append(("tensor", extract_tensor_metadata(out), owner, out._is_view()))
+    return type(outputs), tuple(recipes)
+
+
+def _positions(
+    mode: FakeTensorMode, args: Sequence[Any]
+) -> tuple[dict[int, tuple[str, int]], dict[Any, tuple[str, int]]]:
+    """Which input each tensor input is, and whose storage each is."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    same: dict[int, tuple[str, int]] = {}
+    owners: dict[Any, tuple[str, int]] = {}
+    for index, arg in enumerate(args):
+        if isinstance(arg, torch.Tensor):
+            same.setdefault(id(arg), ("input", index))
+            # The graph's ops see a real input as the mode's FakeTensor of it.
+            owners.setdefault(
+                StorageWeakRef(_as_fake(mode, arg).untyped_storage()), ("input", index)
+            )
+    return same, owners
+
+
+def _as_fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
+    return t if isinstance(t, FakeTensor) else mode.from_tensor(t)
+
+
+def _rebuild(recorded: tuple[Any, ...], mode: FakeTensorMode, args: Sequence[Any]) -> Any:
+    container, recipes = recorded
+    outputs: list[Any] = []
+    for kind, *rest in recipes:
+        if kind == "value":
+            outputs.append(rest[0])
+        elif kind == "input":
+            outputs.append(args[rest[0]])
+        elif kind == "output":
+            outputs.append(outputs[rest[0]])
+        else:
+            metadata, owner, is_view = rest
+            source = None
+            if owner is not None:
+                where, index = owner
+                source = _as_fake(mode, args[index] if where == "input" else outputs[index])
+            outputs.append(_make_tensor(mode, metadata, source, is_view))
+    return container(outputs)
+
+
+def _make_tensor(
+    mode: FakeTensorMode, m: Any, source: Optional[torch.Tensor], is_view: bool
+) -> torch.Tensor:
+    """A FakeTensor of metadata m, on source's storage (a fresh one if None),
+    made as a view if is_view. See Note [Replaying a graph's outputs from
+    their metadata]."""
+    from torch._subclasses.fake_tensor import in_kernel_invocation_manager
+
+    if is_view:
+        if source is None:
+            # A view of an intermediate the graph does not return.
+            with in_kernel_invocation_manager(mode):
+                base = torch.empty(
+                    (m.storage_bytes // m.dtype.itemsize,), dtype=m.dtype, device="meta"
+                )
+            source = FakeTensor(mode, base, m.device)
+        with mode:
+            if source.dtype != m.dtype:
+                source = _storage_as(source, m.dtype)
+            view = source.as_strided(m.shape, m.stride, m.storage_offset)
+            if view.is_conj() != m.is_conj:
+                view = view.conj()
+            if view.is_neg() != m.is_neg:
+                view = torch._neg_view(view)
         return view
-    return None
+    with in_kernel_invocation_manager(mode):
+        made = torch.empty_strided(
+            m.shape, m.stride, dtype=m.dtype, layout=m.layout, device="meta"
+        )
+        storage = None if source is None else source.untyped_storage()
+        if storage is None and made.untyped_storage().nbytes() != m.storage_bytes:
+            storage = torch.UntypedStorage(m.storage_bytes, device="meta")
+        if storage is not None:
+            # A fresh tensor's version counter is 0, as the op's output's.
+            with torch.autograd._unsafe_preserve_version_counter(made):
+                made.set_(storage, m.storage_offset, m.shape, m.stride)
+        if m.is_conj:
+            torch._C._set_conj(made, True)
+        if m.is_neg:
+            torch._C._set_neg(made, True)
+        made.requires_grad_(m.requires_grad)
+    return FakeTensor(mode, made, m.device)
 
 
-def _device_of(kind: str, source: Any, meta: Any) -> torch.device:
-    return meta[3] if kind == "fresh" else source[2]
+def _storage_as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A 1-d view of t's whole storage in dtype. view_as_real and
+    view_as_complex keep the base, as the graph's ops did; view(dtype) does
+    not (replay_facts tells)."""
+    whole = t.as_strided((t.untyped_storage().nbytes() // t.dtype.itemsize,), (1,), 0)
+    if whole.is_complex():
+        whole = torch.view_as_real(whole).flatten()
+    if dtype.is_complex:
+        if whole.dtype != dtype.to_real():
+            whole = whole.view(dtype.to_real())
+        return torch.view_as_complex(whole.view(-1, 2))
+    return whole if whole.dtype == dtype else whole.view(dtype)
 
 
-def _span_nbytes(t: torch.Tensor) -> int:
-    return torch.empty_strided(
-        t.shape, t.stride(), dtype=t.dtype, device="meta"
-    ).untyped_storage().nbytes()
+def replay_facts(mode: FakeTensorMode, args: Sequence[Any], outputs: Any) -> Any:
+    """
+    What a replay of outputs must reproduce: per output, its value, which
+    input or earlier output it is, or, for a tensor, its type, owning mode,
+    constant, TensorMetadata, version counter, leafness, grad_fn kind, and
+    which input or output it shares a storage with or has as _base (bases no
+    input or output holds numbered as met).
+    """
+    from torch._subclasses.fake_tensor import extract_tensor_metadata
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    facts: list[Any] = [type(outputs)]
+    if not isinstance(outputs, (list, tuple)):
+        return facts
+    same, owners = _positions(mode, args)
+    bases: dict[int, tuple[str, int]] = {}
+    for index, out in enumerate(outputs):
+        if not isinstance(out, torch.Tensor):
+            facts.append((type(out), out))
+            continue
+        if id(out) in same:
+            facts.append(same[id(out)])
+            continue
+        same[id(out)] = ("output", index)
+        base = out._base
+        if base is not None:
+            base = same.get(id(base)) or bases.setdefault(id(base), ("hidden", len(bases)))
+        facts.append(
+            (
+                type(out),
+                getattr(out, "fake_mode", None) is mode,
+                getattr(out, "constant", None) is None,
+                extract_tensor_metadata(out),
+                out._version,
+                out.is_leaf,
+                type(out.grad_fn),
+                owners.setdefault(StorageWeakRef(out.untyped_storage()), ("output", index)),
+                base,
+            )
+        )
+    return facts
 
 
 def _fake_mode_of(args: Sequence[Any]) -> Any:
