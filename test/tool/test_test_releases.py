@@ -78,9 +78,10 @@ def test_every_folder_but_the_default_oldest_first(tmp_path):
         f"  4 apply    {sys.executable} -m torch_fork_overlay apply --python {vpy}",
         f"  5 patched  TORCH_FORK_OVERLAY_PATCHED_PYTHON={vpy} {cold} {vpy} -m pytest -q -p no:cacheprovider -rfEs -o tmp_path_retention_policy=failed "
         f"--junitxml={out / '2.9.1' / 'patched.xml'} test/test_stock_shows_the_bug.py",
-        f"  6 contract {cold} {vpy} -m pytest -q -p no:cacheprovider -rfEs -o tmp_path_retention_policy=failed -n 2 --junitxml={out / '2.9.1' / 'contract.xml'} "
+        f"  6 contract {cold} TORCH_FORK_OVERLAY_REPLAY_EXAMPLES=100 {vpy} -m pytest -q -p no:cacheprovider -rfEs -o tmp_path_retention_policy=failed -n 2 --junitxml={out / '2.9.1' / 'contract.xml'} "
         "test/dynamo/test_compile_under_fake_mode.py test/dynamo/test_compile_under_fake_mode_guards.py "
         "test/dynamo/test_compile_under_fake_mode_backends.py test/dynamo/test_compile_under_fake_mode_fidelity.py "
+        "test/dynamo/test_compile_under_fake_mode_replay.py "
         "test/dynamo/test_compile_under_fake_mode_trackers.py "
         "test/dynamo/test_compile_under_fake_mode_memory_estimation.py "
         "test/dynamo/test_compile_under_fake_mode_optimizer.py test/dynamo/test_compile_under_fake_mode_regions.py",
