@@ -1,7 +1,8 @@
 """Issue 18's steady-state target: what a repeated fake call of a compiled model costs.
 
 A preset under a FakeTensorMode, compiled, called 17 + --calls times in one worker process (benchmarks/worker.py
-fake, regions off); the steady call is the median of the calls after the first two (the first compiles and runs under
+fake, regions off; 2 + --calls times in the regions rows); the steady call is the median of the calls after the first
+two, or after the call that built the regions (the first compiles and runs under
 AOTAutograd's one-off analysis mode, the second records what the graphs made). Rows:
 
   flag, stock          torch._inductor.config.wrap_inductor_compiled_regions = True: upstream's way to get fake
@@ -9,6 +10,10 @@ AOTAutograd's one-off analysis mode, the second records what the graphs made). R
   patched inductor     the backend's unlowered graphs, replayed from what an earlier call made    target <= 1.1x flag
   patched aot_eager    the same for aot_eager                                                      target <= 1.1x flag
   patched, op by op    fake_mode_runs_backend_graphs = False (inductor): the captured graph op by op, for reference
+  patched eager        backend eager: Dynamo's captured graph op by op (the replay serves only a backend's graphs)
+  patched eager, regions   the same with the opt-in regions (fake_mode_region_after_calls = 1): from the second
+                       call on, a forward autograd does not record is one region, a FakeTensorMode dispatch-cache hit
+  patched custom[, regions]   the same for a user's backend that returns gm.forward
 
 Forward alone runs under torch.no_grad(), as people estimate inference; --backward adds the backward of
 mean(logits). A benchmark prints figures; it never passes or fails. Run it on a quiet machine:
@@ -41,12 +46,19 @@ ROWS = [
     ("patched inductor", "patched", ["--mode", "compile", "--backend", "inductor"]),
     ("patched aot_eager", "patched", ["--mode", "compile", "--backend", "aot_eager"]),
     ("patched, op by op", "patched", ["--mode", "compile", "--backend", "inductor", "--op-by-op"]),
+    # The entries the replay does not serve (they run Dynamo's graph op by op), without and with the opt-in regions.
+    ("patched eager", "patched", ["--mode", "compile", "--backend", "eager"]),
+    ("patched eager, regions", "patched", ["--mode", "compile", "--backend", "eager", "--after-calls", "1"]),
+    ("patched custom", "patched", ["--mode", "compile", "--backend", "custom"]),
+    ("patched custom, regions", "patched", ["--mode", "compile", "--backend", "custom", "--after-calls", "1"]),
 ]
 TARGETS = {"patched inductor": 1.1, "patched aot_eager": 1.1}
 
 
 def steady_call(result: dict) -> float:
-    return statistics.median(result["calls_s"][2:])
+    # The calls after the one that built the regions, where a row builds them; else all but the first two.
+    built = result.get("regions_call")
+    return statistics.median(result["calls_s"][2 if built is None else built + 1:])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
             cell = data[(preset, pass_name)] = {label: [] for label, *_ in ROWS}
             for round_ in range(args.rounds):
                 for label, side, flags in ROWS:
-                    # Regions stay off (no --after-calls): the process makes 16 + 1 + N calls.
+                    # Regions stay off unless a row turns them on (--after-calls): the process makes
+                    # after_calls + 1 + N calls.
                     result = run_worker(pythons[side], ["--preset", preset, *flags, *pass_flags,
                                                         "--repeats", str(args.calls)], args.timeout)
                     status = result.get("status")
@@ -82,12 +95,13 @@ def main(argv: list[str] | None = None) -> int:
                           f"round {round_ + 1}: {status}"
                           + (f", steady {cell[label][-1] * 1e3:.2f} ms" if status == "ok" else ""), flush=True)
     lines = [
-        "# A repeated fake call: steady-state cost (issue 18)",
+        "# A repeated fake call: steady-state cost (issues 18 and 28)",
         "",
         f"{datetime.date.today()}, `python benchmarks/steady.py {' '.join(argv or sys.argv[1:])}`, "
         f"{platform.machine()}, {os.cpu_count()} cores; stock `{os.path.relpath(args.stock_python, REPO)}`, "
         f"patched `{os.path.relpath(args.patched_python, REPO)}`. Batch 1, seq 2048, float32, under a "
-        "FakeTensorMode; steady call = median of the calls after the first two in a process, then the median "
+        "FakeTensorMode; steady call = median of the calls after the first two (regions rows: after the call "
+        "that built the regions) in a process, then the median "
         "over processes.",
         "",
         "| preset | pass | row | steady call | vs flag | target |",
@@ -104,8 +118,35 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {preset} | {pass_name} | {label} | "
                          f"{'n/a' if value is None else f'{value * 1e3:.2f} ms'} | "
                          f"{'' if ratio is None else f'{ratio:.2f}x'} | {verdict} |")
+    lines += record_cost(args.presets, pythons["patched"], args.timeout, started)
     write_table(lines, args.output)
     return 0
+
+
+def record_cost(presets: list[str], python: str, timeout: float, started: float) -> list[str]:
+    """What the replay's record costs the calls that make it: function calls (cProfile, load-independent) of the
+    first two calls of patched inductor, each in a process of its own, with the record as shipped and a no-op."""
+    lines = ["", "What recording costs (patched inductor; function calls of one call, cProfile; the record is made "
+             "on the second call, the first runs under AOTAutograd's one-off analysis):", "",
+             "| preset | pass | call | with the record | record a no-op | ratio | target |", "|---|---|---|---|---|---|---|"]
+    for preset in presets:
+        for pass_name, pass_flags in [("forward", []), ("forward+backward", ["--backward"])]:
+            for index in (0, 1):
+                counts = []
+                for extra in ([], ["--no-record"]):
+                    result = run_worker(python, ["--preset", preset, "--mode", "compile", "--backend", "inductor",
+                                                 *pass_flags, "--count-calls", "--count-call-index", str(index),
+                                                 *extra], timeout)
+                    counts.append(result.get("first_call_py_calls"))
+                    print(f"[{time.perf_counter() - started:6.0f}s] {preset} {pass_name} call {index + 1} "
+                          f"{'no-op record' if extra else 'record'}: {result.get('status')}", flush=True)
+                with_record, without = counts
+                ratio = with_record / without if with_record and without else None
+                shown = [f"{n:,}" if n else "n/a" for n in counts]
+                lines.append(f"| {preset} | {pass_name} | {index + 1} | {shown[0]} | "
+                             f"{shown[1]} | {'' if ratio is None else f'{ratio:.4f}x'} | "
+                             f"{'' if ratio is None else ('met' if ratio <= 1.01 else 'NOT met')} (<= 1.01x) |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@ Scenarios:
   fake          build a preset under a FakeTensorMode and call it (forward under torch.no_grad(), or
                 forward+backward with --backward):
                 --mode eager (no compile), compile (torch.compile(model), --backend eager | aot_eager | inductor
-                | anchor, default inductor; anchor is Inductor's graph pipeline without lowering: compile_fx with
-                an inner compile that returns the graph, issue 18's yardstick), or compile-wrap (compile with
+                | anchor | custom, default inductor; anchor is Inductor's graph pipeline without lowering: compile_fx
+                with an inner compile that returns the graph, issue 18's yardstick; custom a user's backend that
+                returns gm.forward), or compile-wrap (compile with
                 torch._inductor.config.wrap_inductor_compiled_regions = True). The process makes after_calls + 1 +
                 --repeats calls (after_calls: torch._dynamo.config.fake_mode_region_after_calls, or --after-calls)
                 and reports every call's time, the RSS after each call, and on a patched torch the call that built
@@ -128,6 +129,14 @@ def _anchor_backend(gm, example_inputs):
     return compile_fx(gm, example_inputs, inner_compile=inner_compile)
 
 
+def _custom_backend(gm, example_inputs):
+    """A user's own backend: runs the graph Dynamo captured, as many custom backends do."""
+    return gm.forward
+
+
+BACKENDS = {"anchor": _anchor_backend, "custom": _custom_backend}
+
+
 def run_fake(args: argparse.Namespace) -> dict:
     torch, info = _import_torch()
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -152,7 +161,12 @@ def run_fake(args: argparse.Namespace) -> dict:
     # torch, then --repeats steady-state calls. Every mode makes the same calls, so the columns line up.
     n_calls = after_calls + 1 + args.repeats
     if args.count_calls:
-        n_calls = 1
+        n_calls = args.count_call_index + 1
+    if args.no_record:
+        # What the replay's record costs: the same calls with the record a no-op (nothing is replayed then).
+        from torch._dynamo import ambient_fake_mode
+
+        ambient_fake_mode._Replay.record = lambda self, *args, **kwargs: None
 
     dtype = getattr(torch, args.dtype)
     with FakeTensorMode():
@@ -160,7 +174,7 @@ def run_fake(args: argparse.Namespace) -> dict:
         model, tokens = models.build(args.preset, seq=args.seq, dtype=dtype)
         result["build_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        backend = _anchor_backend if args.backend == "anchor" else args.backend
+        backend = BACKENDS.get(args.backend, args.backend)
         fn = model if args.mode == "eager" else torch.compile(model, backend=backend)
         # torch.compile() itself (lazy imports, no tracing yet); not part of any call's time.
         result["compile_call_s"] = time.perf_counter() - t0
@@ -175,17 +189,17 @@ def run_fake(args: argparse.Namespace) -> dict:
 
         calls, rss, regions = [], [], []
         profiler = None
-        for _ in range(n_calls):
+        for call in range(n_calls):
             t0 = time.perf_counter()
             # Forward alone is inference, as people estimate it: under no_grad.
             with _nullcontext() if args.backward else torch.no_grad():
-                if args.count_calls:
+                if args.count_calls and call == args.count_call_index:
                     import cProfile
 
                     profiler = cProfile.Profile()
                     profiler.enable()
                 out = step()
-                if profiler is not None:
+                if profiler is not None and call == args.count_call_index:
                     profiler.disable()
             calls.append(time.perf_counter() - t0)
             rss.append(_rss_mb())
@@ -198,6 +212,7 @@ def run_fake(args: argparse.Namespace) -> dict:
 
         # Python and builtin function calls: the work done, whatever the machine's load.
         result["first_call_py_calls"] = pstats.Stats(profiler).total_calls
+        result["counted_call"] = args.count_call_index
     result["calls_s"] = calls
     result["rss_after_call_mb"] = rss
     result["first_s"] = calls[0]
@@ -244,7 +259,7 @@ def run_estimate(args: argparse.Namespace) -> dict:
         labels = torch.randint(0, models.PRESETS[args.preset].vocab, tokens.shape)
         result["build_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        backend = _anchor_backend if args.backend == "anchor" else args.backend
+        backend = BACKENDS.get(args.backend, args.backend)
         fn = model if args.mode == "eager" else torch.compile(model, backend=backend)
         # torch.compile() itself (lazy imports, no tracing yet); not part of the steps' time.
         result["compile_call_s"] = time.perf_counter() - t0
@@ -407,8 +422,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("fake", help="a preset under FakeTensorMode: eager, compile, or compile-wrap")
     p.add_argument("--preset", default="tiny", choices=["tiny", "7B", "70B"])
     p.add_argument("--mode", default="eager", choices=["eager", "compile", "compile-wrap"])
-    p.add_argument("--backend", default="inductor", choices=["eager", "aot_eager", "inductor", "anchor"],
-                   help="torch.compile backend for --mode compile (compile-wrap is inductor)")
+    p.add_argument("--backend", default="inductor", choices=["eager", "aot_eager", "inductor", "anchor", "custom"],
+                   help="torch.compile backend for --mode compile (compile-wrap is inductor; custom: a backend "
+                        "that returns gm.forward)")
     p.add_argument("--op-by-op", action="store_true",
                    help="patched torch: fake_mode_runs_backend_graphs = False (run every graph op by op)")
     p.add_argument("--backward", action="store_true", help="forward + backward of mean(logits)")
@@ -423,6 +439,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count-calls", action="store_true",
                    help="make only the first call, under cProfile, and report its function calls "
                         "(first_call_py_calls; its time is cProfile's, not a figure)")
+    p.add_argument("--count-call-index", type=int, default=0,
+                   help="with --count-calls: make this many calls first and count the next one's (default 0)")
+    p.add_argument("--no-record", action="store_true",
+                   help="patched torch: the replay's record a no-op (to measure what recording costs)")
     p.set_defaults(func=run_fake)
 
     p = sub.add_parser("estimate", help="two training steps (forward, loss, backward, AdamW) under FakeTensorMode")
