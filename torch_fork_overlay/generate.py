@@ -78,6 +78,7 @@ class StackPatch:
     compat: str | None
     first: str | None
     last: str | None
+    note: str | None = None  # one line for the series README: where it comes from, or why it is kept
 
     def applies_to(self, version: str) -> bool:
         return (self.first is None or Version(version) >= Version(self.first)) and (
@@ -116,7 +117,7 @@ def load_stack(fix: Path = FIX) -> Stack:
         patches = [
             StackPatch(id=p["id"], message=fix / p["message"], new=p.get("new", []),
                        tests=p.get("tests", []), compat=p.get("compat"),
-                       first=p.get("first"), last=p.get("last"))
+                       first=p.get("first"), last=p.get("last"), note=p.get("note"))
             for p in data["patch"]
         ]
         releases = sorted(data["releases"], key=Version)
@@ -275,6 +276,9 @@ def _readme(stack: Stack, gen: Generated) -> str:
         added = gen.added[name]
         where = ", ".join(f"`{f}` {n}" for f, n in sorted(added.items())) or "none (new files only)"
         lines.append(f"| `{name}` | {sum(added.values())}: {where} |")
+    notes = [f"- `{p.id}`: {p.note}" for p in stack.patches if p.note and p.applies_to(gen.version)]
+    if notes:
+        lines += ["", "Notes on the patches (`note` in `fix/stack.toml`):", "", *notes]
     lines += ["", f"How it differs from the {stack.newest} series:", ""]
     diffs = [f"- `{name}`, `{h.target}`: {h.why() or 'this release keeps the file as it is'}"
              for name in gen.names for h in gen.overrides[name]]

@@ -58,6 +58,7 @@ def fix(tmp_path: Path) -> Path:
         [[patch]]
         id = "y"
         message = "messages/y.txt"
+        note = "kept opt-in: measured 2x."
     """))
     new_x = PRISTINE["1.1.0"]["torch/x.py"].replace("    return 1\n", "    from torch._new import new\n\n    return new()\n")
     hooks = fix / "hooks"
@@ -130,6 +131,9 @@ def test_overrides_are_named_in_the_message_and_the_readme(fix):
     # the figure of lines added to existing files, per patch
     assert "| `0002-area-Do-the-core-thing.patch` | 3: `torch/x.py` 3 |" in readme
     assert "Applies-To: torch 1.0.0" in y
+    # a patch's note, in every series it is part of
+    assert "- `y`: kept opt-in: measured 2x." in readme
+    assert "- `y`: kept opt-in: measured 2x." in (fix.parent / "patches" / "v1.1.0" / "README.md").read_text()
 
 
 def test_regenerating_unchanged_source_changes_nothing(fix):
