@@ -609,7 +609,8 @@ class _Replay:
         if key in self.entries or len(self.entries) >= self.MAX_ENTRIES:
             return
         self.entries[key] = None
-        recorded = _recipes(mode, args, outputs)
+        facts = replay_facts(mode, args, outputs)
+        recorded = _recipes(facts)
         if recorded is None:
             return
         try:
@@ -617,8 +618,7 @@ class _Replay:
         except Exception:
             log.debug("Not replayed: rebuilding the outputs failed", exc_info=True)
             return
-        expected = replay_facts(mode, args, outputs)
-        if replay_facts(mode, args, rebuilt) != expected:
+        if replay_facts(mode, args, rebuilt) != facts:
             log.debug("Not replayed: the rebuilt outputs differ from the graph's")
             return
         self.entries[key] = recorded
@@ -628,7 +628,8 @@ class _Replay:
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # A replayed output must be what running the graph would have made, or the
 # fake call answers wrong without a word. So the record holds no metadata of
-# its own choosing: each output is an input or an earlier output (the same
+# its own choosing: it is made from replay_facts, what a replay must
+# reproduce. Each output is an input or an earlier output (the same
 # object), a value, or a tensor described by FakeTensorMode's own
 # TensorMetadata (what its dispatch cache keys and rebuilds a cached output
 # from: dtype, shape, stride, storage offset and bytes, device, layout,
@@ -651,39 +652,33 @@ class _Replay:
 # generated graphs against running them.
 
 
-def _recipes(
-    mode: FakeTensorMode, args: Sequence[Any], outputs: Any
-) -> Optional[tuple[Any, ...]]:
-    """How to make each output again, or None where the record cannot."""
-    from torch._subclasses.fake_tensor import extract_tensor_metadata
-    from torch.multiprocessing.reductions import StorageWeakRef
-
-    if type(outputs) not in (list, tuple):
+def _recipes(facts: list[Any]) -> Optional[tuple[Any, ...]]:
+    """How to make each output again, from its replay_facts, or None where
+    the record cannot."""
+    container, *outputs = facts
+    if container not in (list, tuple):
         return None
-    same, owners = _positions(mode, args)
     recipes: list[tuple[Any, ...]] = []
-    for index, out in enumerate(outputs):
-        if not isinstance(out, torch.Tensor):
-            if not isinstance(out, (int, float, bool, type(None))):
+    for index, (kind, *fact) in enumerate(outputs):
+        if kind == "is":
+            recipes.append(fact[0])
+        elif kind == "value":
+            if fact[0] not in (int, float, bool, type(None)):
                 return None
-            recipes.append(("value", out))
-            continue
-        if id(out) in same:
-            recipes.append(same[id(out)])
-            continue
-        same[id(out)] = ("output", index)
-        if (
-            type(out) is not FakeTensor
-            or out.fake_mode is not mode
-            or out.constant is not None
-            or out.layout != torch.strided
-        ):
-            return None
-        owner = owners.setdefault(StorageWeakRef(out.untyped_storage()), ("output", index))
-        if owner == ("output", index):
-            owner = None
-        recipes.append(("tensor", extract_tensor_metadata(out), owner, out._is_view()))
-    return type(outputs), tuple(recipes)
+            recipes.append(("value", fact[1]))
+        else:
+            cls, owned, constant, metadata, *_, owner, base = fact
+            if (
+                cls is not FakeTensor
+                or not owned
+                or constant
+                or metadata.layout != torch.strided
+            ):
+                return None
+            if owner == ("output", index):
+                owner = None
+            recipes.append(("tensor", metadata, owner, base is not None))
+    return container, tuple(recipes)
 
 
 def _positions(
@@ -786,13 +781,14 @@ def _storage_as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return whole if whole.dtype == dtype else whole.view(dtype)
 
 
-def replay_facts(mode: FakeTensorMode, args: Sequence[Any], outputs: Any) -> Any:
+def replay_facts(mode: FakeTensorMode, args: Sequence[Any], outputs: Any) -> list[Any]:
     """
-    What a replay of outputs must reproduce: per output, its value, which
-    input or earlier output it is, or, for a tensor, its type, owning mode,
-    constant, TensorMetadata, version counter, leafness, grad_fn kind, and
-    which input or output it shares a storage with or has as _base (bases no
-    input or output holds numbered as met).
+    What a replay of outputs must reproduce, and all a record is made from:
+    per output, a value, which input or earlier output it is, or, for a
+    tensor, its type, whether mode owns it, whether it holds a constant, its
+    TensorMetadata, version counter, leafness, grad_fn kind, and which input
+    or output it shares a storage with and has as _base (bases no input or
+    output holds numbered as met).
     """
     from torch._subclasses.fake_tensor import extract_tensor_metadata
     from torch.multiprocessing.reductions import StorageWeakRef
@@ -804,10 +800,10 @@ def replay_facts(mode: FakeTensorMode, args: Sequence[Any], outputs: Any) -> Any
     bases: dict[int, tuple[str, int]] = {}
     for index, out in enumerate(outputs):
         if not isinstance(out, torch.Tensor):
-            facts.append((type(out), out))
+            facts.append(("value", type(out), out))
             continue
         if id(out) in same:
-            facts.append(same[id(out)])
+            facts.append(("is", same[id(out)]))
             continue
         same[id(out)] = ("output", index)
         base = out._base
@@ -815,9 +811,10 @@ def replay_facts(mode: FakeTensorMode, args: Sequence[Any], outputs: Any) -> Any
             base = same.get(id(base)) or bases.setdefault(id(base), ("hidden", len(bases)))
         facts.append(
             (
+                "tensor",
                 type(out),
                 getattr(out, "fake_mode", None) is mode,
-                getattr(out, "constant", None) is None,
+                getattr(out, "constant", None) is not None,
                 extract_tensor_metadata(out),
                 out._version,
                 out.is_leaf,
