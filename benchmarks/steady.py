@@ -46,12 +46,14 @@ ROWS = [
     ("patched inductor", "patched", ["--mode", "compile", "--backend", "inductor"]),
     ("patched aot_eager", "patched", ["--mode", "compile", "--backend", "aot_eager"]),
     ("patched, op by op", "patched", ["--mode", "compile", "--backend", "inductor", "--op-by-op"]),
-    # The entries the replay does not serve (they run Dynamo's graph op by op), without and with the opt-in regions.
+    # The entries the replay does not serve (they run Dynamo's graph op by op), without and with the opt-in regions;
+    # forward only: regions serve only calls autograd does not record (forward+backward runs op by op either way).
     ("patched eager", "patched", ["--mode", "compile", "--backend", "eager"]),
     ("patched eager, regions", "patched", ["--mode", "compile", "--backend", "eager", "--after-calls", "1"]),
     ("patched custom", "patched", ["--mode", "compile", "--backend", "custom"]),
     ("patched custom, regions", "patched", ["--mode", "compile", "--backend", "custom", "--after-calls", "1"]),
 ]
+FORWARD_ONLY = {"patched eager", "patched eager, regions", "patched custom", "patched custom, regions"}
 TARGETS = {"patched inductor": 1.1, "patched aot_eager": 1.1}
 
 
@@ -84,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             cell = data[(preset, pass_name)] = {label: [] for label, *_ in ROWS}
             for round_ in range(args.rounds):
                 for label, side, flags in ROWS:
+                    if pass_flags and label in FORWARD_ONLY:
+                        continue
                     # Regions stay off unless a row turns them on (--after-calls): the process makes
                     # after_calls + 1 + N calls.
                     result = run_worker(pythons[side], ["--preset", preset, *flags, *pass_flags,
@@ -110,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     for (preset, pass_name), cell in data.items():
         flag = statistics.median(cell["flag, stock"]) if cell["flag, stock"] else None
         for label, *_ in ROWS:
+            if pass_name != "forward" and label in FORWARD_ONLY:
+                continue
             value = statistics.median(cell[label]) if cell[label] else None
             ratio = value / flag if value is not None and flag else None
             limit = TARGETS.get(label)
@@ -131,7 +137,7 @@ def record_cost(presets: list[str], python: str, timeout: float, started: float)
              "| preset | pass | call | with the record | record a no-op | ratio | target |", "|---|---|---|---|---|---|---|"]
     for preset in presets:
         for pass_name, pass_flags in [("forward", []), ("forward+backward", ["--backward"])]:
-            for index in (0, 1):
+            for index in ((0, 1) if not pass_flags else (1,)):
                 counts = []
                 for extra in ([], ["--no-record"]):
                     result = run_worker(python, ["--preset", preset, "--mode", "compile", "--backend", "inductor",

@@ -38,7 +38,7 @@ def check_common(result: dict) -> None:
 
 @needs_torch
 @pytest.mark.parametrize("mode,extra", [("eager", []), ("compile", ["--backend", "aot_eager", "--backward"]),
-                                        ("compile", ["--backend", "eager"])])
+                                        ("compile", ["--backend", "eager"]), ("compile", ["--backend", "custom"])])
 def test_fake_tiny(mode, extra):
     result = run_worker("fake", "--preset", "tiny", "--mode", mode, "--seq", "16", "--repeats", "1",
                         "--after-calls", "2", *extra)
@@ -63,6 +63,21 @@ def test_fake_tiny(mode, extra):
         assert not (result["patch_present"] and mode == "compile" and "--backward" not in extra), result
     if mode == "compile":
         assert result["graphs"] >= 1
+
+
+@needs_torch
+def test_fake_count_calls_of_the_recording_call():
+    # The second call records what the graphs made (patched torch): counted with the record as shipped and a no-op.
+    counts = []
+    for extra in ([], ["--no-record"]):
+        result = run_worker("fake", "--preset", "tiny", "--mode", "compile", "--backend", "aot_eager", "--seq", "16",
+                            "--count-calls", "--count-call-index", "1", *extra)
+        check_common(result)
+        if not result["patch_present"]:
+            pytest.skip("stock torch has no replay")
+        assert len(result["calls_s"]) == 2 and result["counted_call"] == 1
+        counts.append(result["first_call_py_calls"])
+    assert counts[0] > counts[1] > 1_000, counts
 
 
 @needs_torch
