@@ -155,6 +155,14 @@ def describe(inputs, outputs, saved, grads, mode):
         None if g is None else tensor(g, ("grad", i)) for i, g in enumerate(grads)
     ]
     described += [t._version for t in inputs]
+    # Which tensors share a version counter: bump each in turn, see who moves.
+    tensors = [t for t in (*inputs, *outputs, *saved, *grads) if isinstance(t, torch.Tensor)]
+    for t in tensors:
+        before = [u._version for u in tensors]
+        torch.autograd.graph.increment_version(t)
+        described.append(
+            [i for i, u in enumerate(tensors) if u._version != before[i]]
+        )
     return described
 
 
@@ -231,6 +239,63 @@ class ReplayPropertyTests(torch._dynamo.test_case.TestCase):
         # The property holds because replays happen, not because none did.
         self.assertGreater(sum(replayed_examples), len(replayed_examples) // 2)
 
+    def test_inputs_on_storages_of_another_size(self):
+        # Found in review: a record proven for inputs on a storage of one size
+        # made a dtype view of a tangent on a larger one (view_as_complex of
+        # the whole storage) and raised.
+        def fn(z):
+            return torch.view_as_real(z).clone()
+
+        def grads(storages):
+            compiled = aot_function(
+                fn, fw_compiler=compile_unlowered, bw_compiler=compile_unlowered
+            )
+            seen = []
+            for storage in storages:
+                z = torch.randn(3, dtype=torch.complex64, requires_grad=True)
+                compiled(z).backward(torch.randn(storage)[:6].view(3, 2))
+                seen.append(describe([], [z.grad], [], [], mode))
+            return seen
+
+        with FakeTensorMode() as mode:
+            replayed = grads([6, 6, 6, 7, 7])
+            # A first call runs the graphs.
+            ran = grads([6]) + grads([7])
+        self.assertGreater(counters["fake_mode"]["graphs_replayed"], 0)
+        self.assertEqual(replayed, [ran[0]] * 3 + [ran[1]] * 2)
+
+    def test_outputs_sharing_a_version_counter_keep_sharing_it(self):
+        # Found in review: an output that is no view but shares a version
+        # counter with another (a detach of a dtype view) got its own, and
+        # autograd's check of an in-place write to a saved tensor went quiet.
+        def fn(x, w):
+            y = x * 2
+            return y, y.view(torch.int32), w * y
+
+        compiled = aot_function(
+            fn, fw_compiler=compile_unlowered, bw_compiler=compile_unlowered
+        )
+        with FakeTensorMode():
+            for _ in range(4):
+                w = torch.randn(4, requires_grad=True)
+                y, as_int, loss = compiled(torch.randn(4), w)
+                with torch.no_grad():
+                    as_int.add_(1)
+                with self.assertRaisesRegex(RuntimeError, "modified by an inplace"):
+                    loss.sum().backward()
+        self.assertGreater(counters["fake_mode"]["graphs_replayed"], 0)
+
+    def test_data_dependent_sizes_are_not_replayed(self):
+        # Found in review: an unbacked size of one call must not be handed to
+        # the next.
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        compiled = aot_function(lambda x: x.nonzero(), fw_compiler=compile_unlowered)
+        with FakeTensorMode(shape_env=ShapeEnv()):
+            sizes = [compiled(torch.randn(8)).shape[0] for _ in range(4)]
+        self.assertEqual(len({str(size) for size in sizes}), 4)
+        self.assertEqual(counters["fake_mode"]["graphs_replayed"], 0)
+
     def test_dtype_views_of_outputs_keep_their_dtype(self):
         # The cases the replay once got wrong: a dtype view of an output came
         # back with its base's dtype.
@@ -249,7 +314,7 @@ class ReplayPropertyTests(torch._dynamo.test_case.TestCase):
                 self.assertEqual(again, first)
         self.assertGreater(counters["fake_mode"]["graphs_replayed"], 0)
         self.assertEqual(
-            [meta[2] for meta in first],
+            [meta[2] for meta in first[:4]],
             [torch.float32, torch.int32, torch.float32, torch.complex64],
         )
 

@@ -575,6 +575,8 @@ class _Replay:
                         arg.requires_grad,
                         arg.is_conj(),
                         arg.is_neg(),
+                        # A view of an input is made on its storage.
+                        arg.untyped_storage().nbytes(),
                         storages.setdefault(arg.untyped_storage()._cdata, index),
                     )
                 )
@@ -594,8 +596,16 @@ class _Replay:
         recorded = self.entries.get(key)
         if recorded is None:
             return None
+        try:
+            outputs = _rebuild(recorded, mode, args)
+        except Exception:
+            # What the record proved for one call does not hold for this one:
+            # the graph runs, now and for later calls with this key.
+            log.debug("Not replayed: rebuilding the outputs failed", exc_info=True)
+            self.entries[key] = None
+            return None
         counters["fake_mode"]["graphs_replayed"] += 1
-        return _rebuild(recorded, mode, args)
+        return outputs
 
     def record(
         self,
@@ -629,27 +639,27 @@ class _Replay:
 # A replayed output must be what running the graph would have made, or the
 # fake call answers wrong without a word. So the record holds no metadata of
 # its own choosing: it is made from replay_facts, what a replay must
-# reproduce. Each output is an input or an earlier output (the same
-# object), a value, or a tensor described by FakeTensorMode's own
-# TensorMetadata (what its dispatch cache keys and rebuilds a cached output
-# from: dtype, shape, stride, storage offset and bytes, device, layout,
-# memory format, requires_grad, conj / neg bits, inference) together with
-# the storage it shares (an input's or an earlier output's) and whether it
-# is a view. It is rebuilt as the dispatch cache rebuilds one: a meta tensor
-# of that metadata wrapped for the mode, set onto the storage it shares; a
-# view is made as a view (of what it shares, else of a base of a storage of
-# its size), through a view of the whole storage in the output's dtype, so a
-# dtype view (view(dtype), view_as_real, view_as_complex) keeps its dtype.
-# And a record is kept only after it proved itself: right after the graph
-# ran, the outputs are rebuilt from it for the same inputs and compared with
-# the graph's by replay_facts (every TensorMetadata field, type, owning mode,
-# constant, version counter, leafness and grad_fn kind, which input or
-# output each one is, shares a storage with, or has as _base); any
-# difference, or anything the rebuild cannot make, and the graph keeps
-# running. Later calls with the same key (the inputs' metadata, aliasing and
-# the global state the ops read) rebuild from their own inputs, so they get
-# what that call got. test_compile_under_fake_mode_replay.py checks it on
-# generated graphs against running them.
+# reproduce. Each output is an input or an earlier output (the same object),
+# a value, or a tensor described by FakeTensorMode's own TensorMetadata (what
+# its dispatch cache keys and rebuilds a cached output from: dtype, shape,
+# stride, storage offset and bytes, device, layout, memory format,
+# requires_grad, conj / neg bits, inference) together with the input or
+# output it shares a storage with, has as _base, and shares a version counter
+# with. A tensor of its own is rebuilt as the dispatch cache rebuilds one: a
+# meta tensor of that metadata wrapped for the mode, set onto the storage it
+# shares (wrapping a meta view of what it shares a version counter with, if
+# it does). A view is made by an op, so autograd makes it a view, as the
+# graph's op did (of its base, or of a base of a storage of its size where
+# the graph does not return the base), through view_as_real / view_as_complex
+# where its dtype is not its base's: one dispatch per view. A record is kept
+# only after it proved itself: right after the graph ran, the outputs are
+# rebuilt from it for the same inputs and their replay_facts compared; any
+# difference, or anything the rebuild cannot make (data-dependent sizes), and
+# the graph keeps running. Later calls with the same key (the inputs'
+# metadata, storage sizes and aliasing, and the global state the ops read)
+# rebuild from their own inputs; a rebuild that still fails drops the record.
+# test_compile_under_fake_mode_replay.py checks it on generated graphs
+# against running them.
 
 
 def _recipes(facts: list[Any]) -> Optional[tuple[Any, ...]]:
@@ -667,18 +677,36 @@ def _recipes(facts: list[Any]) -> Optional[tuple[Any, ...]]:
                 return None
             recipes.append(("value", fact[1]))
         else:
-            cls, owned, constant, metadata, *_, owner, base = fact
+            cls, owned, constant, metadata, *_, owner, base, counter = fact
             if (
                 cls is not FakeTensor
                 or not owned
                 or constant
                 or metadata.layout != torch.strided
+                or _is_symbolic(metadata)
             ):
                 return None
             if owner == ("output", index):
                 owner = None
-            recipes.append(("tensor", metadata, owner, base is not None))
+            # A non-view on the storage of what it shares a version counter
+            # with (a detach of a view) is made from it.
+            shares_counter = owner is not None and counter == owner
+            recipes.append(("tensor", metadata, owner, base is not None, shares_counter))
     return container, tuple(recipes)
+
+
+def _is_symbolic(metadata: Any) -> bool:
+    """Whether metadata holds symbols (a data-dependent size): a replay would
+    give a later call the first call's unbacked symbols."""
+    return any(
+        isinstance(value, torch.SymInt)
+        for value in (
+            *metadata.shape,
+            *metadata.stride,
+            metadata.storage_offset,
+            metadata.storage_bytes,
+        )
+    )
 
 
 def _positions(
@@ -706,29 +734,39 @@ def _as_fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
 def _rebuild(recorded: tuple[Any, ...], mode: FakeTensorMode, args: Sequence[Any]) -> Any:
     container, recipes = recorded
     outputs: list[Any] = []
-    for kind, *rest in recipes:
-        if kind == "value":
-            outputs.append(rest[0])
-        elif kind == "input":
-            outputs.append(args[rest[0]])
-        elif kind == "output":
-            outputs.append(outputs[rest[0]])
-        else:
-            metadata, owner, is_view = rest
-            source = None
-            if owner is not None:
-                where, index = owner
-                source = _as_fake(mode, args[index] if where == "input" else outputs[index])
-            outputs.append(_make_tensor(mode, metadata, source, is_view))
+    # Views are made by ops (autograd makes them views), under the mode.
+    with mode:
+        for kind, *rest in recipes:
+            if kind == "value":
+                outputs.append(rest[0])
+            elif kind == "input":
+                outputs.append(args[rest[0]])
+            elif kind == "output":
+                outputs.append(outputs[rest[0]])
+            else:
+                metadata, owner, is_view, shares_counter = rest
+                source = None
+                if owner is not None:
+                    where, index = owner
+                    source = args[index] if where == "input" else outputs[index]
+                    source = _as_fake(mode, source)
+                outputs.append(
+                    _make_tensor(mode, metadata, source, is_view, shares_counter)
+                )
     return container(outputs)
 
 
 def _make_tensor(
-    mode: FakeTensorMode, m: Any, source: Optional[torch.Tensor], is_view: bool
+    mode: FakeTensorMode,
+    m: Any,
+    source: Optional[torch.Tensor],
+    is_view: bool,
+    shares_counter: bool,
 ) -> torch.Tensor:
-    """A FakeTensor of metadata m, on source's storage (a fresh one if None),
-    made as a view if is_view. See Note [Replaying a graph's outputs from
-    their metadata]."""
+    """A FakeTensor of metadata m on source's storage (a fresh one if None):
+    a view of source if is_view, else a tensor of its own, sharing source's
+    version counter if shares_counter. See Note [Replaying a graph's outputs
+    from their metadata]."""
     from torch._subclasses.fake_tensor import in_kernel_invocation_manager
 
     if is_view:
@@ -739,38 +777,46 @@ def _make_tensor(
                     (m.storage_bytes // m.dtype.itemsize,), dtype=m.dtype, device="meta"
                 )
             source = FakeTensor(mode, base, m.device)
-        with mode:
+        # Autograd makes the op's output a view of source, as the graph's did
+        # (_rebuild runs this under the mode).
+        if source.dtype != m.dtype:
+            source = _storage_as(source, m.dtype)
+        made = source.as_strided(m.shape, m.stride, m.storage_offset)
+        if made.is_conj() != m.is_conj:
+            made = made.conj()
+        if made.is_neg() != m.is_neg:
+            made = torch._neg_view(made)
+        return made
+    with in_kernel_invocation_manager(mode):
+        if shares_counter:
+            # A meta view of source, wrapped as FakeTensorMode wraps a kernel's
+            # output: a tensor of its own sharing source's version counter.
             if source.dtype != m.dtype:
                 source = _storage_as(source, m.dtype)
-            view = source.as_strided(m.shape, m.stride, m.storage_offset)
-            if view.is_conj() != m.is_conj:
-                view = view.conj()
-            if view.is_neg() != m.is_neg:
-                view = torch._neg_view(view)
-        return view
-    with in_kernel_invocation_manager(mode):
-        made = torch.empty_strided(
-            m.shape, m.stride, dtype=m.dtype, layout=m.layout, device="meta"
-        )
-        storage = None if source is None else source.untyped_storage()
-        if storage is None and made.untyped_storage().nbytes() != m.storage_bytes:
-            storage = torch.UntypedStorage(m.storage_bytes, device="meta")
-        if storage is not None:
-            # A fresh tensor's version counter is 0, as the op's output's.
-            with torch.autograd._unsafe_preserve_version_counter(made):
-                made.set_(storage, m.storage_offset, m.shape, m.stride)
-        if m.is_conj:
-            torch._C._set_conj(made, True)
-        if m.is_neg:
-            torch._C._set_neg(made, True)
+            made = source.as_strided(m.shape, m.stride, m.storage_offset)
+        else:
+            made = torch.empty_strided(
+                m.shape, m.stride, dtype=m.dtype, layout=m.layout, device="meta"
+            )
+            storage = None if source is None else source.untyped_storage()
+            if storage is None and made.untyped_storage().nbytes() != m.storage_bytes:
+                storage = torch.UntypedStorage(m.storage_bytes, device="meta")
+            if storage is not None:
+                # A fresh tensor's version counter is 0, as the op's output's.
+                with torch.autograd._unsafe_preserve_version_counter(made):
+                    made.set_(storage, m.storage_offset, m.shape, m.stride)
+        if m.is_conj != made.is_conj():
+            torch._C._set_conj(made, m.is_conj)
+        if m.is_neg != made.is_neg():
+            torch._C._set_neg(made, m.is_neg)
         made.requires_grad_(m.requires_grad)
     return FakeTensor(mode, made, m.device)
 
 
 def _storage_as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A 1-d view of t's whole storage in dtype. view_as_real and
-    view_as_complex keep the base, as the graph's ops did; view(dtype) does
-    not (replay_facts tells)."""
+    """A 1-d view of t's whole storage in dtype, made with view_as_real and
+    view_as_complex where one dtype is complex (they keep the base, as the
+    graph's ops did), else view(dtype); replay_facts tells a difference."""
     whole = t.as_strided((t.untyped_storage().nbytes() // t.dtype.itemsize,), (1,), 0)
     if whole.is_complex():
         whole = torch.view_as_real(whole).flatten()
@@ -786,9 +832,9 @@ def replay_facts(mode: FakeTensorMode, args: Sequence[Any], outputs: Any) -> lis
     What a replay of outputs must reproduce, and all a record is made from:
     per output, a value, which input or earlier output it is, or, for a
     tensor, its type, whether mode owns it, whether it holds a constant, its
-    TensorMetadata, version counter, leafness, grad_fn kind, and which input
-    or output it shares a storage with and has as _base (bases no input or
-    output holds numbered as met).
+    TensorMetadata, version counter, leafness, grad_fn kind, which input or
+    output it shares a storage with, has as _base (bases no input or output
+    holds numbered as met) and shares its version counter with.
     """
     from torch._subclasses.fake_tensor import extract_tensor_metadata
     from torch.multiprocessing.reductions import StorageWeakRef
@@ -797,6 +843,7 @@ def replay_facts(mode: FakeTensorMode, args: Sequence[Any], outputs: Any) -> lis
     if not isinstance(outputs, (list, tuple)):
         return facts
     same, owners = _positions(mode, args)
+    counters_of = _version_counters(args, outputs)
     bases: dict[int, tuple[str, int]] = {}
     for index, out in enumerate(outputs):
         if not isinstance(out, torch.Tensor):
@@ -821,9 +868,41 @@ def replay_facts(mode: FakeTensorMode, args: Sequence[Any], outputs: Any) -> lis
                 type(out.grad_fn),
                 owners.setdefault(StorageWeakRef(out.untyped_storage()), ("output", index)),
                 base,
+                counters_of[index],
             )
         )
     return facts
+
+
+def _version_counters(args: Sequence[Any], outputs: Sequence[Any]) -> list[Any]:
+    """
+    Per output, the first input or output (by position) that shares its
+    version counter, or None (not a tensor, or an inference tensor, which has
+    none). Told by setting each counter to a mark in turn, then restoring
+    them all.
+    """
+    tensors = [
+        (("input", i), t) for i, t in enumerate(args) if isinstance(t, torch.Tensor)
+    ] + [(("output", i), t) for i, t in enumerate(outputs) if isinstance(t, torch.Tensor)]
+    tensors = [(where, t) for where, t in tensors if not t.is_inference()]
+    versions = tuple(t._version for _, t in tensors)
+    mark = 1 << 30
+    first: dict[int, tuple[str, int]] = {}
+    owner_of: dict[tuple[str, int], tuple[str, int]] = {}
+    try:
+        for number, (where, t) in enumerate(tensors):
+            version = t._version
+            if version >= mark and version - mark in first:
+                owner_of[where] = first[version - mark]
+            else:
+                first[number] = where
+                owner_of[where] = where
+                torch._C._autograd._unsafe_set_version_counter((t,), (mark + number,))
+    finally:
+        torch._C._autograd._unsafe_set_version_counter(
+            tuple(t for _, t in tensors), versions
+        )
+    return [owner_of.get(("output", i)) for i in range(len(outputs))]
 
 
 def _fake_mode_of(args: Sequence[Any]) -> Any:
