@@ -45,8 +45,9 @@ REPO = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "worker.py")
 ALL_SCENARIOS = ["fake-fwd", "cache-hit", "compile-real", "callgrind", "fake-fwdbwd", "estimate"]
 ALL_PRESETS = ["tiny", "7B", "70B"]
-CACHE_HIT_VARIANTS = ["one", "eight", "linear", "one-filtered", "eight-filtered", "linear-filtered"]
-CACHE_HIT_LABELS = {"one": "1 input", "eight": "8 inputs", "linear": "nn.Linear",
+CACHE_HIT_VARIANTS = ["one", "eight", "linear", "none", "mode", "one-filtered", "eight-filtered", "linear-filtered"]
+CACHE_HIT_LABELS = {"one": "1 input", "eight": "8 inputs", "linear": "nn.Linear", "none": "no tensor input",
+                    "mode": "1 input, under a non-fake dispatch mode",
                     "one-filtered": "1 input, guard filter", "eight-filtered": "8 inputs, guard filter",
                     "linear-filtered": "nn.Linear, guard filter"}
 

@@ -24,7 +24,8 @@ Scenarios:
   estimate      a torchtitan-style two-step estimate under a FakeTensorMode: two steps of forward, cross-entropy
                 loss, backward, AdamW(foreach=True) step and zero_grad; the model is called as is (--mode eager) or
                 through torch.compile(model, backend=--backend) (--mode compile); the optimizer is eager.
-  cache-hit     per-call cost of a compiled function on real tensors after warm-up (--variant one|eight|linear).
+  cache-hit     per-call cost of a compiled function on real tensors after warm-up (--variant one|eight|linear|
+                none (no tensor input)|mode (one input, under a dispatch mode that ignores compile internals)).
   callgrind     the cache-hit variants, each counted in a callgrind window (run under valgrind, see run.py)
   compile-real  first-call compile of the tiny decoder on real tensors, with a fresh inductor cache.
 """
@@ -289,7 +290,7 @@ def run_estimate(args: argparse.Namespace) -> dict:
     return result
 
 
-CACHE_HIT_VARIANTS = ["one", "eight", "linear", "one-filtered", "eight-filtered", "linear-filtered"]
+CACHE_HIT_VARIANTS = ["one", "eight", "linear", "none", "mode", "one-filtered", "eight-filtered", "linear-filtered"]
 
 
 def _compile_cache_hit_case(torch, variant: str, backend: str):
@@ -329,7 +330,36 @@ def _cache_hit_case(torch, variant: str):
         return f, tuple(torch.randn(8) for _ in range(8))
     if variant == "linear":
         return torch.nn.Linear(8, 8), (torch.randn(2, 8),)
+    if variant == "none":
+        def f():
+            return torch.ones(8) * 2
+
+        return f, ()
+    if variant == "mode":
+        # "one", called under a dispatch mode that lets Dynamo compile (as DebugMode does): see _calling_context.
+        def f(x):
+            return x.sin() + 1
+
+        return f, (torch.randn(8),)
     raise ValueError(variant)
+
+
+def _calling_context(torch, variant: str):
+    """What a variant's calls run under: the "mode" variant under a TorchDispatchMode that ignores compile
+    internals and passes every op through (Dynamo compiles under it; the compiled graph's ops reach it)."""
+    if variant != "mode":
+        return _nullcontext()
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class PassThrough(TorchDispatchMode):
+        @classmethod
+        def ignore_compile_internals(cls):
+            return True
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    return PassThrough()
 
 
 def run_cache_hit(args: argparse.Namespace) -> dict:
@@ -337,7 +367,7 @@ def run_cache_hit(args: argparse.Namespace) -> dict:
     result = dict(info)
     compiled, inputs = _compile_cache_hit_case(torch, args.variant, args.backend)
     t0 = time.perf_counter()
-    with torch.no_grad() if args.no_grad else _nullcontext():
+    with torch.no_grad() if args.no_grad else _nullcontext(), _calling_context(torch, args.variant):
         compiled(*inputs)
         result["first_s"] = time.perf_counter() - t0
         for _ in range(args.warmup):
@@ -378,12 +408,13 @@ def run_callgrind(args: argparse.Namespace) -> dict:
     # nn.Module's call code, and a later entry (a guard filter's, without guards) would serve earlier ones.
     for variant in args.variants:
         compiled, inputs = _compile_cache_hit_case(torch, variant, args.backend)
-        for _ in range(args.warmup):
-            compiled(*inputs)
-        torch._C._valgrind_toggle()
-        for _ in range(args.calls):
-            compiled(*inputs)
-        torch._C._valgrind_toggle_and_dump_stats()
+        with _calling_context(torch, variant):
+            for _ in range(args.warmup):
+                compiled(*inputs)
+            torch._C._valgrind_toggle()
+            for _ in range(args.calls):
+                compiled(*inputs)
+            torch._C._valgrind_toggle_and_dump_stats()
     result["variants"] = args.variants
     result["graphs"] = _graph_count(torch)
     result["status"] = "ok"

@@ -1,9 +1,10 @@
 # Owner(s): ["module: dynamo"]
 """
 Guards of functions compiled under a user-created FakeTensorMode: real and fake
-calls never share a cache entry (an entry without tensor inputs holds a
-FAKE_TENSOR_MODE guard), guard filters never serve fake calls real code, and the
-guards of entries compiled for real calls are unchanged.
+calls never share a cache entry (calls under a FakeTensorMode look up entries of
+their own, and an entry compiled for them holds a FAKE_TENSOR_MODE guard), guard
+filters never serve fake calls real code, and the guards of entries compiled for
+real calls are unchanged.
 See Note [Inheriting the ambient FakeTensorMode] in
 torch/_dynamo/ambient_fake_mode.py
 """
@@ -274,8 +275,11 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
         gc.collect()
         self.assertIsNone(alive())
 
+    # A process that never makes a fake call pays nothing: real entries, with
+    # tensor inputs or without any, have stock's guards.
+    @parametrize("inputs", ["tensors", "none"])
     @parametrize("backend", BACKENDS)
-    def test_real_entries_guards_unchanged(self, backend):
+    def test_real_entries_guards_unchanged(self, backend, inputs):
         def guards_of(fn, *args):
             guards = []
             torch._dynamo.reset()
@@ -287,10 +291,18 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
                 for g in guards
             )
 
-        def fn(x, y):
-            return (x @ y).relu() + 1
+        if inputs == "tensors":
 
-        args = (torch.randn(4, 4), torch.randn(4, 4))
+            def fn(x, y):
+                return (x @ y).relu() + 1
+
+            args = (torch.randn(4, 4), torch.randn(4, 4))
+        else:
+
+            def fn():
+                return torch.ones(3) * 2
+
+            args = ()
         on = guards_of(fn, *args)
         with torch._dynamo.config.patch(inherit_ambient_fake_mode=False):
             off = guards_of(fn, *args)

@@ -68,10 +68,13 @@ See Note [Inheriting the ambient FakeTensorMode] below.
 # nothing per entry. FakeTensors called outside any mode share the
 # usual callback, and TENSOR_MATCH checks a tensor input's type, so
 # FAKE_TENSOR_MODE goes only where no tensor input tells them apart: on every
-# entry compiled for fake calls, on real entries without tensor inputs, and on
-# real entries of frames already called for fake that none of the frame's own
-# tensor arguments reaches (a module with real parameters called with an
-# int). Frames never called for fake pay nothing. Under a guard filter that
+# entry compiled for fake calls, and on real entries of frames already called
+# for fake that none of the frame's own tensor arguments reaches (no tensor
+# input, or a module with real parameters called with an int), which a
+# FakeTensorMode entered inside a compiled call may reach. Frames never called
+# for fake pay nothing: no guard, no lookup (a frame compiled for real calls
+# without tensor inputs and then called after a FakeTensorMode is entered
+# inside a compiled call runs its real entry, as on stock). Under a guard filter that
 # drops TENSOR_MATCH, such calls reach whatever entry is there, as on stock;
 # an entry compiled for them has the backend compile for real on its first
 # real call (DeferredCompile), so real calls never run op by op.
@@ -186,7 +189,13 @@ codes_compiled_for_fake: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 def active_fake_mode() -> Optional[FakeTensorMode]:
     """The FakeTensorMode active on this thread, a user's or a tracer's."""
-    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    return _get_dispatch_mode(_FAKE)
+
+
+# Looked up once: compile_wrapper asks on every compiled call under a
+# dispatch mode.
+_get_dispatch_mode = torch._C._get_dispatch_mode
+_FAKE = torch._C._TorchDispatchModeKey.FAKE
 
 
 def users_fake_mode() -> Optional[FakeTensorMode]:
@@ -195,10 +204,9 @@ def users_fake_mode() -> Optional[FakeTensorMode]:
     unless a tracer owns the call (its mode is the tracer's) or
     config.inherit_ambient_fake_mode is off.
     """
-    if not config.inherit_ambient_fake_mode:
-        return None
+    # The mode first: a call under another dispatch mode pays one lookup.
     mode = active_fake_mode()
-    if mode is None or tracer_owns_call():
+    if mode is None or not config.inherit_ambient_fake_mode or tracer_owns_call():
         return None
     return mode
 

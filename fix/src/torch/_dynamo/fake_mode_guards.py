@@ -12,6 +12,8 @@ import torch
 
 from . import fake_mode_compat
 from .ambient_fake_mode import (
+    _FAKE,
+    _get_dispatch_mode,
     active_fake_mode,
     codes_compiled_for_fake,
     state,
@@ -57,20 +59,20 @@ def _frame_tensor_inputs(output_graph: "OutputGraph") -> list[int]:
 def needs_fake_tensor_mode_guard(output_graph: "OutputGraph") -> bool:
     """
     Every entry compiled for fake calls gets FAKE_TENSOR_MODE (see
-    fake_tensor_mode_check). TENSOR_MATCH checks a tensor input's type, so a
-    real entry is hit by a fake call only if no tensor input tells them
-    apart: it guards when it has no tensor input at all, or, for a frame
-    already called for fake, when none of its tensor inputs is one the frame
-    was called with (a module with real parameters called with an int, then
-    called again under a FakeTensorMode(allow_non_fake_inputs=True)). Frames
-    never called for fake pay nothing.
+    fake_tensor_mode_check). Calls under a user's FakeTensorMode look up
+    entries of their own (callback_for_fake_calls), and TENSOR_MATCH checks
+    a tensor input's type, so a real entry guards only where a fake call may
+    still reach it: for a frame already called for fake, when none of its
+    tensor inputs is one the frame was called with (none at all, or a module
+    with real parameters called with an int), should a FakeTensorMode be
+    entered inside a compiled call that then calls the frame. Frames never
+    called for fake pay nothing (a frame first compiled for real without
+    tensor inputs and then called that way runs its real entry, as on stock).
     """
     fake_calls = output_graph.fake_calls
     if not fake_calls.enabled:
         return False
     if fake_calls.is_compiling_for_fake(output_graph):
-        return True
-    if not any(arg.is_tensor for arg in output_graph.graphargs):
         return True
     return output_graph.root_tx.f_code in codes_compiled_for_fake and not (
         _frame_tensor_inputs(output_graph)
@@ -171,9 +173,16 @@ def callback_for_fake_calls(callback: Any) -> Any:
     (callback False: torch._dynamo.run, the eager_on_recompile stance) match
     entries of every backend, so there only guards keep the two apart.
     """
-    if callback is None or callback is False or users_fake_mode() is None:
+    # Inlined active_fake_mode(): calls under another dispatch mode pay one
+    # lookup and no other call.
+    if (
+        _get_dispatch_mode(_FAKE) is None
+        or callback is None
+        or callback is False
+        or users_fake_mode() is None
+    ):
         return callback
-    return _FakeCallsCallback(callback)
+    return FakeCallsCallback(callback)
 
 
 class _FakeCallsBackend:
@@ -218,7 +227,7 @@ def _fake_calls_backend(backend: Any) -> _FakeCallsBackend:
     return key
 
 
-class _FakeCallsCallback:
+class FakeCallsCallback:
     """
     Compiles as the callback it wraps, for calls under a FakeTensorMode: the
     attribute Dynamo's cache lookup follows to a callback's backend ends at

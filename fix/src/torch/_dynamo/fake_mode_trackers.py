@@ -20,7 +20,7 @@ from torch._C._dynamo.guards import set_is_in_mode_without_ignore_compile_intern
 from torch.fx.graph_module import _get_attr
 from torch.utils import _python_dispatch
 
-from . import fake_mode_compat
+from . import fake_mode_compat, fake_mode_guards
 from .ambient_fake_mode import users_fake_mode
 
 
@@ -130,7 +130,8 @@ def observers_of_compiled_call(
     to present, a mode that may change results, backward module hooks, or a
     global forward hook not a module tracker's (it may change results).
     """
-    if callback in (None, False) or users_fake_mode() is None:
+    # Made by callback_for_fake_calls for a call under a user's FakeTensorMode.
+    if type(callback) is not fake_mode_guards.FakeCallsCallback:
         return None
     modes = [
         mode
