@@ -1,10 +1,9 @@
 # Owner(s): ["module: dynamo"]
 """
 Guards of functions compiled under a user-created FakeTensorMode: real and fake
-calls never share a cache entry (calls under a FakeTensorMode look up entries of
-their own, and an entry compiled for them holds a FAKE_TENSOR_MODE guard), guard
-filters never serve fake calls real code, and the guards of entries compiled for
-real calls are unchanged.
+calls never share a cache entry (an entry without tensor inputs holds a
+FAKE_TENSOR_MODE guard), guard filters never serve fake calls real code, and the
+guards of entries compiled for real calls are unchanged.
 See Note [Inheriting the ambient FakeTensorMode] in
 torch/_dynamo/ambient_fake_mode.py
 """
@@ -90,6 +89,18 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
         self.assertIs(out.fake_mode, mode)
         self.assertEqual(fn(), torch.full((3,), 2.0))
         self.assertEqual(frames_compiled(), 2)
+
+    # Run-only lookups (the eager_on_recompile stance) match entries of every
+    # backend: the guard keeps a fake call off a real entry without tensor
+    # inputs (review: dropping it gave a real tensor under the mode).
+    def test_run_only_lookups_never_give_fake_calls_a_real_entry(self):
+        fn = torch.compile(lambda: torch.ones(3) * 2, backend="inductor")
+        self.assertNotIsInstance(fn(), FakeTensor)
+        with torch.compiler.set_stance("eager_on_recompile"):
+            with FakeTensorMode() as mode:
+                out = fn()
+        self.assertIsInstance(out, FakeTensor)
+        self.assertIs(out.fake_mode, mode)
 
     def test_counterfactual_no_tensor_inputs_real_artifact_reused(self):
         # The bug this fixes: with the feature off, the real entry is reused
@@ -275,11 +286,8 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
         gc.collect()
         self.assertIsNone(alive())
 
-    # A process that never makes a fake call pays nothing: real entries, with
-    # tensor inputs or without any, have stock's guards.
-    @parametrize("inputs", ["tensors", "none"])
     @parametrize("backend", BACKENDS)
-    def test_real_entries_guards_unchanged(self, backend, inputs):
+    def test_real_entries_guards_unchanged(self, backend):
         def guards_of(fn, *args):
             guards = []
             torch._dynamo.reset()
@@ -291,18 +299,10 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
                 for g in guards
             )
 
-        if inputs == "tensors":
+        def fn(x, y):
+            return (x @ y).relu() + 1
 
-            def fn(x, y):
-                return (x @ y).relu() + 1
-
-            args = (torch.randn(4, 4), torch.randn(4, 4))
-        else:
-
-            def fn():
-                return torch.ones(3) * 2
-
-            args = ()
+        args = (torch.randn(4, 4), torch.randn(4, 4))
         on = guards_of(fn, *args)
         with torch._dynamo.config.patch(inherit_ambient_fake_mode=False):
             off = guards_of(fn, *args)

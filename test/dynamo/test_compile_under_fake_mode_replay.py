@@ -299,6 +299,21 @@ class ReplayPropertyTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(len({str(size) for size in sizes}), 4)
         self.assertEqual(counters["fake_mode"]["graphs_replayed"], 0)
 
+    def test_forward_mode_ad_is_not_replayed(self):
+        # Found in review: plain and dual calls share an entry, and a replay
+        # dropped the tangents the graph's ops compute.
+        import torch.autograd.forward_ad as fwAD
+
+        compiled = torch.compile(lambda x: (x.sin() * 2, x.t()), backend="aot_eager")
+        with FakeTensorMode():
+            for _ in range(3):
+                compiled(torch.randn(3, 3))
+            self.assertGreater(counters["fake_mode"]["graphs_replayed"], 0)
+            with fwAD.dual_level():
+                outs = compiled(fwAD.make_dual(torch.randn(3, 3), torch.randn(3, 3)))
+                tangents = [fwAD.unpack_dual(out).tangent for out in outs]
+        self.assertEqual([t is not None for t in tangents], [True, True])
+
     def test_dtype_views_of_outputs_keep_their_dtype(self):
         # The cases the replay once got wrong: a dtype view of an output came
         # back with its base's dtype.

@@ -68,13 +68,10 @@ See Note [Inheriting the ambient FakeTensorMode] below.
 # nothing per entry. FakeTensors called outside any mode share the
 # usual callback, and TENSOR_MATCH checks a tensor input's type, so
 # FAKE_TENSOR_MODE goes only where no tensor input tells them apart: on every
-# entry compiled for fake calls, and on real entries of frames already called
-# for fake that none of the frame's own tensor arguments reaches (no tensor
-# input, or a module with real parameters called with an int), which a
-# FakeTensorMode entered inside a compiled call may reach. Frames never called
-# for fake pay nothing: no guard, no lookup (a frame compiled for real calls
-# without tensor inputs and then called after a FakeTensorMode is entered
-# inside a compiled call runs its real entry, as on stock). Under a guard filter that
+# entry compiled for fake calls, on real entries without tensor inputs, and on
+# real entries of frames already called for fake that none of the frame's own
+# tensor arguments reaches (a module with real parameters called with an
+# int). Frames never called for fake pay nothing. Under a guard filter that
 # drops TENSOR_MATCH, such calls reach whatever entry is there, as on stock;
 # an entry compiled for them has the backend compile for real on its first
 # real call (DeferredCompile), so real calls never run op by op.
@@ -545,6 +542,8 @@ class _Replay:
             len(_get_current_dispatch_mode_stack()) > (mode is not None)
             or torch._C._functorch.peek_interpreter_stack() is not None
             or torch.is_inference_mode_enabled()
+            # Forward-mode AD: the graph's ops compute the outputs' tangents.
+            or torch.autograd.forward_ad._current_level >= 0
         ):
             return None
         key: list[Any] = [

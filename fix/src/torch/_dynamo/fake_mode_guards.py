@@ -59,20 +59,23 @@ def _frame_tensor_inputs(output_graph: "OutputGraph") -> list[int]:
 def needs_fake_tensor_mode_guard(output_graph: "OutputGraph") -> bool:
     """
     Every entry compiled for fake calls gets FAKE_TENSOR_MODE (see
-    fake_tensor_mode_check). Calls under a user's FakeTensorMode look up
-    entries of their own (callback_for_fake_calls), and TENSOR_MATCH checks
-    a tensor input's type, so a real entry guards only where a fake call may
-    still reach it: for a frame already called for fake, when none of its
-    tensor inputs is one the frame was called with (none at all, or a module
-    with real parameters called with an int), should a FakeTensorMode be
-    entered inside a compiled call that then calls the frame. Frames never
-    called for fake pay nothing (a frame first compiled for real without
-    tensor inputs and then called that way runs its real entry, as on stock).
+    fake_tensor_mode_check). TENSOR_MATCH checks a tensor input's type, so a
+    real entry is hit by a fake call only if no tensor input tells them
+    apart: it guards when it has no tensor input at all, or, for a frame
+    already called for fake, when none of its tensor inputs is one the frame
+    was called with (a module with real parameters called with an int, then
+    called again under a FakeTensorMode(allow_non_fake_inputs=True)). The
+    guard is what keeps fake calls off such an entry where the cache identity
+    of callback_for_fake_calls does not: run-only lookups, a FakeTensorMode
+    entered inside a compiled call, and a call on a thread whose
+    _is_in_torch_dispatch_mode flag another thread's mode exit cleared.
     """
     fake_calls = output_graph.fake_calls
     if not fake_calls.enabled:
         return False
     if fake_calls.is_compiling_for_fake(output_graph):
+        return True
+    if not any(arg.is_tensor for arg in output_graph.graphargs):
         return True
     return output_graph.root_tx.f_code in codes_compiled_for_fake and not (
         _frame_tensor_inputs(output_graph)
