@@ -25,7 +25,7 @@ import torch._dynamo.test_case
 from torch._dynamo.ambient_fake_mode import compile_unlowered
 from torch._dynamo.utils import counters
 from torch._functorch.aot_autograd import aot_function
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from hypothesis import assume, example, given, HealthCheck, settings, strategies as st
 

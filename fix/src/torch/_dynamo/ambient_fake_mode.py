@@ -126,12 +126,7 @@ from typing import Any, Optional, TYPE_CHECKING
 
 import torch
 from torch import fx
-from torch._subclasses.fake_tensor import (
-    FakeTensor,
-    FakeTensorMode,
-    is_fake,
-    unset_fake_temporarily,
-)
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, is_fake
 
 from . import config, fake_mode_compat as _compat
 from .utils import counters
