@@ -132,10 +132,10 @@ def test_callgrind_worker_outside_valgrind():
     result = run_worker("callgrind", "--calls", "3", "--warmup", "1")
     check_common(result)
     assert result["variants"] == [
-        "one", "eight", "linear", "one-filtered", "eight-filtered", "linear-filtered"
+        "one", "eight", "linear", "none", "mode", "one-filtered", "eight-filtered", "linear-filtered"
     ]
     # Each variant compiles its own entry (a filtered one must not share the unfiltered one's).
-    assert result["graphs"] == 6
+    assert result["graphs"] == 8
 
 
 def test_runner_help():
