@@ -2,18 +2,23 @@
 """
 Trackers PyTorch ships (FlopCounterMode, MemTracker, CommDebugMode) around
 compiled code called under a user-created FakeTensorMode: trackers that only
-observe see the compiled run (the backend's forward and backward graphs),
-attributed down to the compiled module, checked against a real compiled run
-on CPU; fullgraph=True holds. CommDebugMode (a global backward hook) and
+observe see the compiled run (the backend's forward and backward graphs) in
+eager's rows (every module, forward and backward, attributed from the
+graphs' metadata), checked against eager and against a real compiled run on
+CPU; fullgraph=True holds; nothing process-wide changes during a call, and
+two threads get their own figures. CommDebugMode (a global backward hook) and
 frames under a dispatch mode that may change what ops return run eagerly, as
-on stock.
+on stock, with a warning.
 test_compile_under_fake_mode_memory_estimation.py runs torchtitan's memory
 estimator through this path.
-See Note [Inheriting the ambient FakeTensorMode] in
-torch/_dynamo/ambient_fake_mode.py
+See Note [Trackers see the compiled run of a fake call] in
+torch/_dynamo/fake_mode_trackers.py
 """
 
+import contextlib
+import functools
 import importlib.util
+import threading
 import unittest
 
 import torch
@@ -55,6 +60,26 @@ class MLP(torch.nn.Module):
         return self.down(self.act(self.up(x))) + x
 
 
+class Net(torch.nn.Module):
+    # Nested modules, a buffer, and a module called outside the blocks.
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.Sequential(MLP(), MLP())
+        self.head = torch.nn.Linear(16, 4)
+        self.register_buffer("scale", torch.ones(4))
+
+    def forward(self, x):
+        return self.head(self.blocks(x)) * self.scale
+
+
+FORMS = [
+    "torch.compile(fn)",
+    "torch.compile(module)",
+    "Module.compile()",
+    "blocks compiled in place",
+]
+
+
 def compiled(form, model, backend, fullgraph):
     """The compiled forms users write."""
     if form == "torch.compile(module)":
@@ -62,13 +87,24 @@ def compiled(form, model, backend, fullgraph):
     if form == "Module.compile()":
         model.compile(backend=backend, fullgraph=fullgraph)
         return model
+    if form == "blocks compiled in place":
+        # torchtitan's pattern: the model stays uncompiled.
+        for block in model.blocks:
+            block.compile(backend=backend, fullgraph=fullgraph)
+        return model
     # torch.compile(fn) calling the module
     return torch.compile(lambda x: model(x), backend=backend, fullgraph=fullgraph)
 
 
+MEM_CATEGORIES = ("PARAM", "BUFFER", "GRAD", "OPT")
+
+
 def tracked(tracker, model, step):
     """What a tracker reports for one forward+backward step: FLOPs per module
-    and op; MemTracker's peak per module; CommDebugMode's counts."""
+    and op; MemTracker's modules (their parameters' and buffers' bytes), its
+    parameters, buffers, gradients and optimizer state after the step and
+    at the peak (activations and temporaries are the compiled run's);
+    CommDebugMode's counts."""
     if tracker == "FlopCounterMode":
         with FlopCounterMode(display=False) as counter:
             step()
@@ -83,11 +119,24 @@ def tracked(tracker, model, step):
         mem_tracker.track_external(model)
         with mem_tracker:
             step()
-        return {
-            stats.mod_fqn: {
-                str(device): nbytes for device, nbytes in stats.local_peak.items()
+            (after,) = mem_tracker.get_tracker_snapshot().values()
+        (peak,) = mem_tracker.get_tracker_snapshot("peak").values()
+
+        def categories(snapshot, names):
+            return {
+                str(kind).split(".")[-1]: n
+                for kind, n in snapshot.items()
+                if str(kind).split(".")[-1] in names
             }
-            for stats in mem_tracker.memory_tracking.values()
+
+        return {
+            "modules": {
+                stats.mod_fqn: (stats.parameter_mem, stats.buffer_mem)
+                for stats in mem_tracker.memory_tracking.values()
+            },
+            "after the step": categories(after, MEM_CATEGORIES),
+            # Which gradients exist at the peak is the compiled run's.
+            "peak": categories(peak, ("PARAM", "BUFFER", "OPT")),
         }
     from torch.distributed.tensor.debug import CommDebugMode
 
@@ -105,26 +154,15 @@ needs_trackers_patch = unittest.skipUnless(
     TRACKERS_SEE_COMPILED_RUN, "trackers see the compiled run from torch 2.13"
 )
 
-# The modules a tracker attributes figures to when the MLP is compiled: the
-# compiled module and what wraps it (the modules inside the compiled frame are
-# the graph's). ModTracker, under MemTracker, skips the modules inside
-# torch.compile(module) by design, compiled or not.
-COMPILED_MODULES = {
-    "FlopCounterMode": {
-        "torch.compile(fn)": {"Global"},
-        "torch.compile(module)": {
-            "Global",
-            "OptimizedModule",
-            "OptimizedModule._orig_mod",
-        },
-        "Module.compile()": {"Global", "MLP"},
-    },
-    "MemTracker": {
-        "torch.compile(fn)": set(),
-        "torch.compile(module)": set(),
-        "Module.compile()": {"MLP"},
-    },
-}
+
+def train_step(model, fn, x):
+    def run():
+        # Each step starts without gradients, as the first did.
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+        fn(x).sum().backward()
+
+    return run
 
 
 def saved_activations(model, inputs, backend):
@@ -227,6 +265,34 @@ class AddsAConstantToARegion(CallsARegionTwice):
         return super().forward(x) + torch.tensor([1.0] * 8)
 
 
+def _recompute_everything(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class Checkpointed(torch.nn.Module):
+    # Its layers under a selective-checkpoint policy that saves nothing.
+    def __init__(self, layers):
+        super().__init__()
+        self.layers = layers
+
+    def forward(self, x):
+        from torch.utils.checkpoint import (
+            checkpoint,
+            create_selective_checkpoint_contexts,
+        )
+
+        return checkpoint(
+            self.layers,
+            x,
+            use_reentrant=False,
+            context_fn=functools.partial(
+                create_selective_checkpoint_contexts, _recompute_everything
+            ),
+        )
+
+
 HOP_CASES = {
     "mutating_custom_op": MutatesABuffer,
     "nested_compile_region": CallsARegionTwice,
@@ -238,84 +304,94 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
     # Every tracker around every compiled form, first call under the tracker
     # or before it: nothing fails inside Dynamo, fullgraph=True holds, and the
     # tracker reports the same figures on every call. Trackers that only
-    # observe (FlopCounterMode, MemTracker) see the compiled run, attributed
-    # down to the compiled module, with the frame compiled once;
-    # CommDebugMode, whose module tracker installs a global backward hook,
-    # sees the frame run eagerly, as on stock.
+    # observe see the compiled run in eager's rows: FlopCounterMode's table
+    # (every module, forward and backward, every op) is eager's (nothing is
+    # recomputed here); MemTracker's modules, their parameters and buffers,
+    # and its peak parameters, buffers, gradients and optimizer state are
+    # eager's (inside torch.compile(module) too, where stock's ModTracker
+    # sees no module). Calls shown to trackers compile on entries of their
+    # own. CommDebugMode, whose module tracker installs a global backward
+    # hook, sees the frames run eagerly, as on stock.
     @parametrize("tracker", ["FlopCounterMode", "MemTracker", "CommDebugMode"])
-    @parametrize(
-        "form", ["torch.compile(fn)", "torch.compile(module)", "Module.compile()"]
-    )
+    @parametrize("form", FORMS)
     @parametrize("first_call", ["under the tracker", "before it"])
     def test_trackers_around_compiled_forms(self, tracker, form, first_call):
         mode = FakeTensorMode()
         with mode:
             x = torch.randn(4, 16, requires_grad=True)
-
-            def step(model, fn):
-                def run():
-                    # Each step starts without gradients, as the first did.
-                    model.zero_grad(set_to_none=True)
-                    x.grad = None
-                    fn(x).sum().backward()
-
-                return run
-
-            eager_model = MLP()
+            eager_model = Net()
             eager_fn = compiled(form, eager_model, "inductor", fullgraph=True)
             with torch.compiler.set_stance("force_eager"):
-                eager = tracked(tracker, eager_model, step(eager_model, eager_fn))
-            model = MLP()
+                eager = tracked(tracker, eager_model, train_step(eager_model, eager_fn, x))
+            if tracker == "MemTracker":
+                # Stock's ModTracker sees no module inside torch.compile(module).
+                eager = tracked(tracker, eager_model, train_step(eager_model, eager_model, x))
+            model = Net()
             cnt = CompileCounterWithBackend("inductor")
             fn = compiled(form, model, cnt, fullgraph=True)
             if first_call == "before it":
                 fn(x).sum().backward()
-            reports = [tracked(tracker, model, step(model, fn)) for _ in range(2)]
+            reports = [tracked(tracker, model, train_step(model, fn, x)) for _ in range(2)]
             out = fn(x)
             ref = eager_model(x)
         self.assertEqual(reports[0], reports[1])
-        if tracker == "CommDebugMode" or not TRACKERS_SEE_COMPILED_RUN:
-            self.assertEqual(reports[0], eager)
-        else:
-            self.assertEqual(cnt.frame_count, 1)
-            self.assertEqual(set(reports[0]), COMPILED_MODULES[tracker][form])
-        if tracker == "FlopCounterMode" and TRACKERS_SEE_COMPILED_RUN:
-            # No matmul is recomputed here: the compiled run's FLOPs are eager's.
-            self.assertEqual(reports[0]["Global"], eager["Global"])
+        self.assertEqual(reports[0], eager)
+        if tracker == "FlopCounterMode":
+            self.assertIn("Net.blocks.0.up" if "module" not in form else "OptimizedModule._orig_mod.blocks.0.up", reports[0])
+        if tracker != "CommDebugMode" and TRACKERS_SEE_COMPILED_RUN:
+            # One entry for the calls shown to the tracker, one for the others
+            # (the blocks share theirs).
+            self.assertEqual(cnt.frame_count, 2)
         self.assertOwnedLikeEager(out, ref, mode)
 
     @needs_trackers_patch
-    def test_compiled_module_hooks_fire_once_at_its_boundary(self):
-        # Module.compile() under a tracker: the module's own hooks fire once
-        # a call, outside the graph, with Module._call_impl's semantics (a
-        # pre-hook with kwargs may replace the inputs, a forward hook the
-        # output); a torch.compile'd forward, which fires no hook in eager,
-        # fires none.
-        calls = []
-
-        def pre_hook(module, args, kwargs):
-            calls.append("pre")
-            return (args[0][:2],), kwargs
-
-        def hook(module, args, output):
-            calls.append("post")
-            return output.sum(-1)
-
+    @parametrize("backend", ["eager", "aot_eager"])
+    def test_eagers_rows_on_every_backend(self, backend):
+        # The compiled run's figures in eager's rows with the backends that
+        # run Dynamo's graph op by op (backward through eager's autograd) and
+        # AOTAutograd's graphs.
         with FakeTensorMode():
-            model = MLP()
-            model.register_forward_pre_hook(pre_hook, with_kwargs=True)
-            model.register_forward_hook(hook)
-            cnt = CompileCounterWithBackend("aot_eager")
-            model.compile(backend=cnt, fullgraph=True)
-            x = torch.randn(4, 16)
-            with FlopCounterMode(display=False) as counter:
-                out = model(x)
-                forward = torch.compile(model.forward, backend="aot_eager")(x)
-        self.assertEqual(cnt.frame_count, 1)
+            x = torch.randn(4, 16, requires_grad=True)
+            for tracker in ("FlopCounterMode", "MemTracker"):
+                eager_model = Net()
+                eager = tracked(tracker, eager_model, train_step(eager_model, eager_model, x))
+                model = Net()
+                fn = compiled("torch.compile(fn)", model, backend, fullgraph=True)
+                self.assertEqual(tracked(tracker, model, train_step(model, fn, x)), eager)
+
+    @needs_trackers_patch
+    def test_compiled_modules_own_hooks_run_as_in_a_real_call(self):
+        # Module.compile() under a tracker: the module's own hooks run as in
+        # a real compiled call (a pre-hook with kwargs may replace the inputs,
+        # a forward hook the output), and so many frames compile; the modules
+        # inside are attributed.
+        def run(fake):
+            calls = []
+
+            def pre_hook(module, args, kwargs):
+                calls.append("pre")
+                return (args[0][:2],), kwargs
+
+            def hook(module, args, output):
+                calls.append("post")
+                return output.sum(-1)
+
+            torch._dynamo.reset()
+            with FakeTensorMode() if fake else contextlib.nullcontext():
+                model = MLP()
+                model.register_forward_pre_hook(pre_hook, with_kwargs=True)
+                model.register_forward_hook(hook)
+                cnt = CompileCounterWithBackend("aot_eager")
+                model.compile(backend=cnt)
+                x = torch.randn(4, 16)
+                with FlopCounterMode(display=False) if fake else contextlib.nullcontext() as counter:
+                    out = model(x)
+            return calls, out.shape, cnt.frame_count, counter
+
+        calls, shape, frames, counter = run(fake=True)
+        self.assertEqual((calls, shape, frames), run(fake=False)[:3])
         self.assertEqual(calls, ["pre", "post"])
-        self.assertEqual(out.shape, (2,))
-        self.assertEqual(forward.shape, (4, 16))
-        self.assertEqual(set(counter.get_flop_counts()), {"Global", "MLP"})
+        self.assertEqual(set(counter.get_flop_counts()), {"Global", "MLP", "MLP.up", "MLP.down"})
 
     @needs_trackers_patch
     def test_builtin_module_compiled_in_place_is_attributed(self):
@@ -404,9 +480,12 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
 
     def test_a_global_forward_hook_of_the_user_runs_frames_eagerly(self):
         # A global forward hook that is not a module tracker's may change
-        # results: it fires for every module, as on stock, and nothing is
-        # compiled for the call.
+        # results: it fires for every module it fires for in eager, as on
+        # stock, nothing is compiled for the call, and a warning says why.
+        seen = []
+
         def first_half(module, args, output):
+            seen.append(type(module).__name__)
             if isinstance(module, torch.nn.Linear):
                 return output[..., : output.shape[-1] // 2]
 
@@ -414,12 +493,73 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
         self.addCleanup(handle.remove)
         cnt = CompileCounterWithBackend("aot_eager")
         with FakeTensorMode():
-            model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+            model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+            x = torch.randn(2, 8)
+            with FlopCounterMode(display=False):
+                model(x)
+            in_eager, seen[:] = list(seen), []
             model.compile(backend=cnt)
             with FlopCounterMode(display=False):
-                out = model(torch.randn(2, 8))
+                if TRACKERS_SEE_COMPILED_RUN:
+                    with self.assertWarnsRegex(UserWarning, "may change results"):
+                        out = model(x)
+                else:
+                    out = model(x)
         self.assertEqual(out.shape, (2, 4))
         self.assertEqual(cnt.frame_count, 0)
+        self.assertEqual(seen, in_eager)
+
+    @needs_trackers_patch
+    def test_two_threads_each_get_their_own_figures(self):
+        # Thread a is inside a fake call shown to its FlopCounterMode (its
+        # model's pre-hook waits) while thread b enters its own, makes a fake
+        # call and leaves: nothing process-wide changes during a call, each
+        # table is eager's, and no hook stays registered.
+        in_call, b_done = threading.Event(), threading.Event()
+        modes = {name: FakeTensorMode() for name in "ab"}
+        x = {}
+        eager = {}
+        for name in "ab":
+            with modes[name]:
+                x[name] = torch.randn(4, 16, requires_grad=True)
+                model = Net()
+                eager[name] = tracked(
+                    "FlopCounterMode", model, train_step(model, model, x[name])
+                )
+        results, errors = {}, []
+
+        @torch._dynamo.disable
+        def wait(module, args):
+            in_call.set()
+            b_done.wait(timeout=30)
+
+        def worker(name):
+            try:
+                with modes[name]:
+                    model = Net()
+                    if name == "a":
+                        model.register_forward_pre_hook(wait)
+                    else:
+                        in_call.wait(timeout=30)
+                    model.compile(backend="aot_eager")
+                    step = train_step(model, model, x[name])
+                    results[name] = tracked("FlopCounterMode", model, step)
+            except Exception as e:  # reported below
+                errors.append(e)
+            finally:
+                if name == "b":
+                    b_done.set()
+
+        threads = [threading.Thread(target=worker, args=(name,)) for name in "ab"]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=300)
+        self.assertFalse(errors, [repr(e) for e in errors])
+        self.assertEqual(results, eager)
+        hooks = torch.nn.modules.module
+        self.assertFalse(hooks._global_forward_pre_hooks)
+        self.assertFalse(hooks._global_forward_hooks)
 
     @parametrize("form", ["torch.compile(fn)", "Module.compile()"])
     def test_force_eager_stance_shows_trackers_eager(self, form):
@@ -439,7 +579,8 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
     @needs_trackers_patch
     @parametrize("backend", BACKENDS)
     def test_flop_counter_around_compiled_module(self, backend):
-        # A Hugging Face-style model: FlopCounterMode around torch.compile(module).
+        # A Hugging Face-style model: FlopCounterMode around torch.compile(module)
+        # gives eager's table, every module.
         with FakeTensorMode():
             model = MLP()
             x = torch.randn(4, 16)
@@ -447,23 +588,23 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
             fn = torch.compile(model, backend=cnt)
             with FlopCounterMode(display=False) as counter:
                 fn(x).sum().backward()
-            with FlopCounterMode(display=False) as eager:
-                model(x).sum().backward()
+            with torch.compiler.set_stance("force_eager"):
+                with FlopCounterMode(display=False) as eager:
+                    fn(x).sum().backward()
         self.assertEqual(cnt.frame_count, 1)
-        self.assertEqual(counter.get_total_flops(), eager.get_total_flops())
-        self.assertEqual(
-            set(counter.get_flop_counts()),
-            COMPILED_MODULES["FlopCounterMode"]["torch.compile(module)"],
-        )
+        self.assertEqual(counter.get_flop_counts(), eager.get_flop_counts())
+        self.assertIn("OptimizedModule._orig_mod.up", counter.get_flop_counts())
 
     @needs_trackers_patch
     @parametrize("backend", ["aot_eager", "inductor"])
-    def test_flop_counter_counts_the_compiled_graphs(self, backend):
-        # At activation_memory_budget 0.1 the partitioner recomputes matmuls
-        # in backward: FlopCounterMode around a fake call counts the FLOPs of
-        # the forward and backward graphs the backend builds for the real
+    @parametrize("case", ["budget 0.1", "selective checkpoint"])
+    def test_flop_counter_counts_the_compiled_graphs(self, backend, case):
+        # At activation_memory_budget 0.1, and under a selective-checkpoint
+        # policy that saves nothing, a matmul is recomputed in backward:
+        # FlopCounterMode around a fake call counts the FLOPs
+        # of the forward and backward graphs the backend builds for the real
         # run (counted here on the graphs a real Inductor compile is given),
-        # not eager's.
+        # in eager's rows, a recomputed matmul in its module's.
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
         graph_flops = []
@@ -479,12 +620,14 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
             return compile_fx(gm, example_inputs, inner_compile=inner_compile)
 
         torch.manual_seed(0)
-        model = torch.nn.Sequential(
+        layers = torch.nn.Sequential(
             torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64)
         )
+        model = layers if case == "budget 0.1" else Checkpointed(layers)
         x = torch.randn(32, 64, requires_grad=True)
         with torch._functorch.config.patch(
-            activation_memory_budget=0.1, enable_autograd_cache=False
+            activation_memory_budget=0.1 if case == "budget 0.1" else 1.0,
+            enable_autograd_cache=False,
         ):
             torch.compile(model, backend=recording_inductor)(x).sum().backward()
             self.assertEqual(len(graph_flops), 2)
@@ -494,10 +637,23 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
                 compiled_model = torch.compile(model, backend=backend)
                 with FlopCounterMode(display=False) as counter:
                     compiled_model(fake_x).sum().backward()
-                with FlopCounterMode(display=False) as eager:
-                    model(fake_x).sum().backward()
+                with torch.compiler.set_stance("force_eager"):
+                    with FlopCounterMode(display=False) as eager:
+                        compiled_model(fake_x).sum().backward()
+                with FlopCounterMode(display=False) as unrecomputed:
+                    layers(fake_x).sum().backward()
         self.assertEqual(counter.get_total_flops(), sum(graph_flops))
-        self.assertGreater(counter.get_total_flops(), eager.get_total_flops())
+        self.assertGreater(counter.get_total_flops(), unrecomputed.get_total_flops())
+        self.assertEqual(set(counter.get_flop_counts()), set(eager.get_flop_counts()))
+        prefix = "OptimizedModule._orig_mod." + ("" if case == "budget 0.1" else "layers.")
+        addmm = torch.ops.aten.addmm
+        # The backward needs the first layer's output (through tanh), not
+        # the last one's.
+        for i, times in ((0, 2), (2, 1)):
+            self.assertEqual(
+                counter.get_flop_counts()[f"{prefix}{i}"][addmm],
+                unrecomputed.get_flop_counts()[f"Sequential.{i}"][addmm] * times,
+            )
 
     @needs_trackers_patch
     @parametrize("backend", ["aot_eager", "inductor"])

@@ -198,7 +198,8 @@ class _FakeCallsBackend:
     references.
     """
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, observed: bool) -> None:
+        self.observed = observed
         try:
             self.backend = weakref.ref(backend)
         except TypeError:
@@ -206,7 +207,7 @@ class _FakeCallsBackend:
             self.backend = lambda: backend
 
     def __eq__(self, other: object) -> bool:
-        if type(other) is not _FakeCallsBackend:
+        if type(other) is not _FakeCallsBackend or other.observed != self.observed:
             return False
         mine, theirs = self.backend(), other.backend()
         return mine is not None and (mine is theirs or mine == theirs)
@@ -214,17 +215,21 @@ class _FakeCallsBackend:
     __hash__ = None  # type: ignore[assignment]
 
 
-# The key of each backend called under a FakeTensorMode, by id, until the
-# backend goes; nothing is written on the user's backend.
-_fake_calls_backends: dict[int, _FakeCallsBackend] = {}
+# The keys of each backend called under a FakeTensorMode, by id and whether
+# the calls are observed, until the backend goes; nothing is written on the
+# user's backend.
+_fake_calls_backends: dict[tuple[int, bool], _FakeCallsBackend] = {}
 
 
-def _fake_calls_backend(backend: Any) -> _FakeCallsBackend:
-    key = _fake_calls_backends.get(id(backend))
+def _fake_calls_backend(backend: Any, observed: bool) -> _FakeCallsBackend:
+    key = _fake_calls_backends.get((id(backend), observed))
     if key is None or key.backend() is not backend:
-        key = _fake_calls_backends[id(backend)] = _FakeCallsBackend(backend)
+        key = _FakeCallsBackend(backend, observed)
+        _fake_calls_backends[id(backend), observed] = key
         try:
-            weakref.finalize(backend, _fake_calls_backends.pop, id(backend), None)
+            weakref.finalize(
+                backend, _fake_calls_backends.pop, (id(backend), observed), None
+            )
         except TypeError:
             pass
     return key
@@ -234,15 +239,21 @@ class FakeCallsCallback:
     """
     Compiles as the callback it wraps, for calls under a FakeTensorMode: the
     attribute Dynamo's cache lookup follows to a callback's backend ends at
-    the backend's _FakeCallsBackend.
+    the backend's _FakeCallsBackend. Calls shown to trackers (observed, see
+    fake_mode_trackers.py) have entries of their own.
     """
 
-    def __init__(self, callback: Any) -> None:
+    def __init__(self, callback: Any, observed: bool = False) -> None:
         self.callback = callback
+        self.observed = observed
         backend = callback
         while hasattr(backend, fake_mode_compat.WRAPPED_BACKEND_ATTR):
             backend = getattr(backend, fake_mode_compat.WRAPPED_BACKEND_ATTR)
-        setattr(self, fake_mode_compat.WRAPPED_BACKEND_ATTR, _fake_calls_backend(backend))
+        setattr(
+            self,
+            fake_mode_compat.WRAPPED_BACKEND_ATTR,
+            _fake_calls_backend(backend, observed),
+        )
 
     def __call__(self, frame: Any, cache_entry: Any, *args: Any, **kwargs: Any) -> Any:
         # A frame whose fake calls hit their recompile limit runs only its
