@@ -515,12 +515,16 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
         self.assertEqual(seen, in_eager)
 
     @needs_trackers_patch
-    def test_two_threads_each_get_their_own_figures(self):
-        # Thread a is inside a fake call shown to its FlopCounterMode (its
-        # model's pre-hook waits) while thread b enters its own, makes a fake
-        # call and leaves: nothing process-wide changes during a call, each
-        # table is eager's, and no hook stays registered.
-        in_call, b_done = threading.Event(), threading.Event()
+    @parametrize("form", ["Module.compile()", "torch.compile(module)"])
+    @parametrize("overlap", ["b's tracker inside a's call", "a's call inside b's tracker"])
+    def test_two_threads_each_get_their_own_figures(self, form, overlap):
+        # Two threads make fake calls under FlopCounterModes of their own,
+        # overlapping: b enters its tracker, calls and leaves while a is
+        # inside its call (its model's pre-hook waits), or a makes its whole
+        # call while b's tracker is entered. Nothing process-wide changes
+        # during a call, each table is eager's (the form's, force_eager), and
+        # no hook stays registered.
+        a_in_call, a_done, b_in, b_done = (threading.Event() for _ in range(4))
         modes = {name: FakeTensorMode() for name in "ab"}
         x = {}
         eager = {}
@@ -528,32 +532,44 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
             with modes[name]:
                 x[name] = torch.randn(4, 16, requires_grad=True)
                 model = Net()
-                eager[name] = tracked(
-                    "FlopCounterMode", model, train_step(model, model, x[name])
-                )
+                fn = compiled(form, model, "aot_eager", fullgraph=False)
+                with torch.compiler.set_stance("force_eager"):
+                    eager[name] = tracked("FlopCounterMode", model, train_step(model, fn, x[name]))
         results, errors = {}, []
 
         @torch._dynamo.disable
         def wait(module, args):
-            in_call.set()
-            b_done.wait(timeout=30)
+            a_in_call.set()
+            if overlap == "b's tracker inside a's call":
+                b_done.wait(timeout=30)
 
         def worker(name):
             try:
                 with modes[name]:
                     model = Net()
+                    fn = compiled(form, model, "aot_eager", fullgraph=False)
+                    step = train_step(model, fn, x[name])
                     if name == "a":
                         model.register_forward_pre_hook(wait)
-                    else:
-                        in_call.wait(timeout=30)
-                    model.compile(backend="aot_eager")
-                    step = train_step(model, model, x[name])
-                    results[name] = tracked("FlopCounterMode", model, step)
+                        if overlap == "a's call inside b's tracker":
+                            b_in.wait(timeout=30)
+                        results[name] = tracked("FlopCounterMode", model, step)
+                        return
+                    if overlap == "b's tracker inside a's call":
+                        a_in_call.wait(timeout=30)
+                        results[name] = tracked("FlopCounterMode", model, step)
+                        return
+
+                    def step_after_a():
+                        b_in.set()
+                        a_done.wait(timeout=30)
+                        step()
+
+                    results[name] = tracked("FlopCounterMode", model, step_after_a)
             except Exception as e:  # reported below
                 errors.append(e)
             finally:
-                if name == "b":
-                    b_done.set()
+                (a_done if name == "a" else b_done).set()
 
         threads = [threading.Thread(target=worker, args=(name,)) for name in "ab"]
         for thread in threads:
@@ -565,6 +581,54 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
         hooks = torch.nn.modules.module
         self.assertFalse(hooks._global_forward_pre_hooks)
         self.assertFalse(hooks._global_forward_hooks)
+
+    @needs_trackers_patch
+    def test_a_standalone_mod_tracker_with_callbacks_sees_eager(self):
+        # A ModTracker whose user hooks are not a tracker's is called back
+        # for modules only as they run eagerly: the frame runs eagerly, as on
+        # stock, with a warning, and it sees every module.
+        from torch.distributed._tools.mod_tracker import ModTracker
+
+        with FakeTensorMode():
+            model = Net()
+            x = torch.randn(4, 16)
+            fn = compiled("torch.compile(fn)", model, "aot_eager", fullgraph=False)
+            seen = {}
+            for label, call in (("eager", model), ("compiled", fn)):
+                mod_tracker = ModTracker()
+                names = seen[label] = []
+                mod_tracker.register_user_hooks(
+                    pre_fw_hook=lambda mod, inp: names.append(mod_tracker.get_known_fqn(mod))
+                )
+                with mod_tracker, FlopCounterMode(display=False):
+                    if label == "compiled":
+                        with self.assertWarnsRegex(UserWarning, "ModTracker calls back"):
+                            call(x)
+                    else:
+                        call(x)
+        self.assertEqual(seen["compiled"], seen["eager"])
+        self.assertIn("Net.blocks.0.up", seen["eager"])
+
+    @needs_trackers_patch
+    def test_backward_under_a_tracker_that_saw_no_forward(self):
+        # The backward graphs drive the trackers the forward graphs ran
+        # under: a MemTracker entered for the backward only books no module,
+        # as in eager (its module pre-hook never ran).
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        modules = {}
+        with FakeTensorMode():
+            x = torch.randn(4, 16, requires_grad=True)
+            for label in ("eager", "compiled"):
+                model = Net()
+                fn = model if label == "eager" else torch.compile(model, backend="aot_eager")
+                with FlopCounterMode(display=False):
+                    out = fn(x)
+                mem_tracker = MemTracker()
+                with mem_tracker:
+                    out.sum().backward()
+                modules[label] = [s.mod_fqn for s in mem_tracker.memory_tracking.values()]
+        self.assertEqual(modules["compiled"], modules["eager"])
 
     @parametrize("form", ["torch.compile(fn)", "Module.compile()"])
     def test_force_eager_stance_shows_trackers_eager(self, form):

@@ -7,7 +7,6 @@ a fake call] in fake_mode_trackers.py; fake_mode_observed_graphs.py puts the
 boundaries in the graphs.
 """
 
-import functools
 import re
 import sys
 import threading
@@ -32,13 +31,9 @@ class _ObservedCalls(threading.local):
 _observed = _ObservedCalls()
 
 
-@functools.cache
-def _warn_once(why: str) -> None:
-    warnings.warn(
-        "A compiled call under a FakeTensorMode and a dispatch mode runs eagerly "
-        f"under the modes, as on stock (the modes see eager's run): {why}",
-        stacklevel=3,
-    )
+def _warn_once(message: str) -> None:
+    # Once per message and place, as the default warning filter shows it.
+    warnings.warn(message, stacklevel=2)
 
 
 def _module_tracker_types() -> tuple[type, ...]:
@@ -69,27 +64,35 @@ def _only_observes(mode: Any) -> bool:
 def _forward_inputs(*inputs: Any) -> None:
     """Which inputs of the forward graph are parameters, for its backward."""
     if _observed.graph_calls:
-        _observed.graph_calls[-1].parameters = {
+        call = _observed.graph_calls[-1]
+        call.forward_inputs = len(inputs)
+        call.parameters = {
             i: weakref.ref(t)
             for i, t in enumerate(inputs)
             if isinstance(t, torch.nn.Parameter)
         }
 
 
-def _gradient_of_input(index: int, grad: Any) -> None:
+def _gradient_of_input(index: int, outputs: int, grad: Any) -> None:
     """
-    A backward graph made the gradient of its forward's input index: a
-    MemTracker that hooked the gradients of that parameter books it as a
-    gradient, as its gradient hook does in eager.
+    A backward graph of outputs gradients made the gradient of its forward's
+    input index: a MemTracker that hooked the gradients of that parameter
+    books it as a gradient, as its gradient hook does in eager.
     """
-    call = _current_graph_call()
-    if call is None or not isinstance(grad, torch.Tensor):
+    call = _current_graph_call(backward_graph=True)
+    # One gradient per forward input, in order (else, as with effect tokens,
+    # the gradients are booked by AccumulateGrad's hook only).
+    if call is None or call.forward_inputs != outputs or not isinstance(grad, torch.Tensor):
         return
     param = call.parameters.get(index)
     param = param() if param is not None else None
-    # AccumulateGrad copies a gradient whose strides are not its
-    # parameter's: that one stays a temporary.
-    if param is None or grad.stride() != param.stride():
+    # AccumulateGrad copies a gradient whose layout is not its parameter's:
+    # that one stays a temporary.
+    if param is None or (grad.shape, grad.stride(), grad.dtype) != (
+        param.shape,
+        param.stride(),
+        param.dtype,
+    ):
         return
     for mode in _python_dispatch._get_current_dispatch_mode_stack():
         handles = getattr(mode, "_param_to_grad_hook_handles", None)
@@ -114,21 +117,22 @@ class _GraphCall:
 
     def __init__(self, paths: dict[str, str], scope: dict[str, dict[str, Any]]) -> None:
         self.modules: dict[str, Any] = {}
-        self.roots: list[Any] = []
-        # The forward graph's inputs that are parameters, by position.
+        # The module trackers its forward graphs ran under: its backward
+        # graphs drive those only (another saw no forward to book against).
+        self.trackers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        # Its forward graph's inputs: how many, and which are parameters.
+        self.forward_inputs = -1
         self.parameters: dict[int, Any] = {}
         for key, path in paths.items():
             module = _resolve(path, scope)
             if module is None:
                 _warn_once(
-                    f"the module {path} of a compiled graph could not be found: "
-                    "its ops are attributed to the modules around it"
+                    f"Trackers shown a compiled call under a FakeTensorMode: the "
+                    f"module {path} of a compiled graph could not be found in the "
+                    "frame, its ops are attributed to the modules around it"
                 )
                 continue
             self.modules[key] = weakref.ref(module)
-            root = _resolve(_PATH.match(path).group(0), scope)  # type: ignore[union-attr]
-            if isinstance(root, torch.nn.Module) and all(r() is not root for r in self.roots):
-                self.roots.append(weakref.ref(root))
 
     def module(self, key: str) -> Optional[torch.nn.Module]:
         ref = self.modules.get(key)
@@ -182,33 +186,45 @@ def attach_to_backward(call: _GraphCall, outputs: Any) -> None:
             if node is None or id(node) in seen:
                 continue
             seen.add(id(node))
-            if "CompiledFunction" in type(node).__name__:
+            if type(node).__name__.startswith("CompiledFunction"):
                 node.metadata[_GRAPH_CALL] = call
             else:
                 following += [fn for fn, _ in node.next_functions]
         pending = following
 
 
-def _current_graph_call() -> Optional[_GraphCall]:
-    node = torch._C._current_autograd_node()
-    if node is not None and (call := node.metadata.get(_GRAPH_CALL)) is not None:
-        return call
+def _current_graph_call(backward_graph: Optional[bool] = None) -> Optional[_GraphCall]:
+    """
+    The call whose graph runs: a backward graph's is on the autograd node
+    running it, a forward graph's on this thread (None: either).
+    """
+    if backward_graph is not False:
+        node = torch._C._current_autograd_node()
+        if node is not None and (call := node.metadata.get(_GRAPH_CALL)) is not None:
+            return call
+        if backward_graph:
+            return None
     return _observed.graph_calls[-1] if _observed.graph_calls else None
 
 
 def _cross_module_boundary(
     left: tuple[tuple[str, tuple[Any, ...]], ...],
     entered: tuple[tuple[str, tuple[Any, ...]], ...],
+    backward_graph: bool,
 ) -> None:
     """
     The module trackers on this thread's mode stack leave and enter modules
     of the call running the graph, as module hooks and gradient hooks make
     them in eager (see Note [Trackers see the compiled run of a fake call]).
     """
-    call = _current_graph_call()
+    call = _current_graph_call(backward_graph)
     if call is None:
         return
     trackers = _module_trackers()
+    if backward_graph:
+        trackers = [t for t in trackers if t in call.trackers]
+    else:
+        call.trackers.update(trackers)
     if not trackers:
         return
     backward = torch._C._current_graph_task_id() != -1
@@ -223,10 +239,6 @@ def _cross_module_boundary(
         if (module := call.module(key)) is not None:
             inputs = _activations(inputs)
             for tracker in trackers:
-                for root in call.roots:
-                    # Names the modules below it as eager does.
-                    if (root := root()) is not None:
-                        tracker._get_mod_name(root)
                 _enter(tracker, module, backward, hooks, inputs)
 
 
@@ -266,7 +278,7 @@ def _enter(tracker: Any, module: Any, backward: bool, hooks: bool, inputs: Any) 
     region's inputs are more than the module's arguments: waiting for all
     would hold their gradients).
     """
-    transitions = _transitions(tracker, module)
+    transitions = _Transitions(tracker, module)
     transitions.append(backward)()
     if backward:
         return
@@ -281,7 +293,7 @@ def _enter(tracker: Any, module: Any, backward: bool, hooks: bool, inputs: Any) 
 
 def _leave(tracker: Any, module: Any, backward: bool, hooks: bool, outputs: Any) -> None:
     """tracker leaves module as its forward hook makes it in eager."""
-    transitions = _transitions(tracker, module)
+    transitions = _Transitions(tracker, module)
     if not backward and getattr(tracker, "_user_post_fw_hook", None) is not None:
         tracker._user_post_fw_hook(module, (), outputs)
     transitions.pop(backward)()
@@ -289,7 +301,7 @@ def _leave(tracker: Any, module: Any, backward: bool, hooks: bool, outputs: Any)
         transitions.hook(register_multi_grad_hook(tensors, transitions.append(True), mode="any"))
 
 
-class _transitions:
+class _Transitions:
     """A module tracker's own functions that enter and leave module."""
 
     def __init__(self, tracker: Any, module: Any) -> None:

@@ -163,6 +163,10 @@ def _add_module_boundaries(
     """
     nodes = list(graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
+    # AOTAutograd's backward graphs take tangents.
+    backward_graph = any(
+        node.op == "placeholder" and node.name.startswith("tangents") for node in nodes
+    )
     # Per module region: (key, first node index, end index).
     crossings: list[tuple[int, list[str], list[str]]] = []
     regions: dict[tuple[str, int], int] = {}
@@ -225,6 +229,7 @@ def _add_module_boundaries(
                     tuple(
                         (key, used_from_before(i, region_ends[key])) for key in keys
                     ),
+                    backward_graph,
                 ),
             )
     return True
@@ -243,11 +248,12 @@ def _add_gradient_bookings(graph: fx.Graph) -> None:
                 graph.call_function(_forward_inputs, tuple(placeholders))
         return
     (output,) = graph.find_nodes(op="output")
-    for index, grad in enumerate(fx.node.map_arg(output.args[0], lambda n: n) or ()):
+    grads = list(output.args[0] or ())
+    for index, grad in enumerate(grads):
         if isinstance(grad, fx.Node):
             after = placeholders[-1] if grad.op == "placeholder" else grad
             with graph.inserting_after(after):
-                graph.call_function(_gradient_of_input, (index, grad))
+                graph.call_function(_gradient_of_input, (index, len(grads), grad))
 
 
 def module_paths(stacks: dict[str, Optional[dict[str, Any]]]) -> dict[str, str]:
@@ -291,7 +297,10 @@ class ObservedRuns:
             ):
                 return _GraphCall(self.paths, {"L": frame.f_locals, "G": frame.f_globals})
             frame = frame.f_back
-        _warn_once("the frame of a compiled graph could not be found: its modules are not attributed")
+        _warn_once(
+            "Trackers shown a compiled call under a FakeTensorMode: the frame of "
+            "a compiled graph could not be found, its modules are not attributed"
+        )
         return None
 
     def run(self, call: _GraphCall, fn: Callable[..., Any], args: Any, captured: bool) -> Any:

@@ -123,7 +123,10 @@ def callback_for_observed_calls(fn: Callable[..., Any], callback: Any) -> Any:
     if why is None:
         return ObservedCallsCallback(callback.callback)
     if why:
-        _warn_once(why)
+        _warn_once(
+            "A compiled call under a FakeTensorMode and a dispatch mode runs "
+            f"eagerly under the modes, as on stock (the modes see eager's run): {why}"
+        )
     return callback
 
 
@@ -181,7 +184,10 @@ def _why_not_shown(fn: Callable[..., Any]) -> Optional[str]:
         return ""
     for mode in modes:
         if not _only_observes(mode):
-            return f"{type(mode).__name__} may change what ops return, or tracks modules in a way this code does not drive"
+            return (
+                f"{type(mode).__name__} may change what ops return, or tracks "
+                "modules in a way this code does not drive"
+            )
     hooks = torch.nn.modules.module
     if hooks._global_backward_pre_hooks or hooks._global_backward_hooks:
         return "a global module backward hook is registered"
@@ -189,8 +195,25 @@ def _why_not_shown(fn: Callable[..., Any]) -> Optional[str]:
         *hooks._global_forward_pre_hooks.values(),
         *hooks._global_forward_hooks.values(),
     ):
-        if _module_tracker_of_hook(hook) is None:
-            return f"the global module forward hook {hook!r} may change results"
+        tracker = _module_tracker_of_hook(hook)
+        if tracker is None:
+            return (
+                f"the global module forward hook {getattr(hook, '__qualname__', hook)} "
+                "may change results"
+            )
+        # A ModTracker calls back whoever registered user hooks: only a
+        # tracker's (MemTracker's) are driven from the graphs.
+        for user_hook in (
+            getattr(tracker, f"_user_{kind}_hook", None)
+            for kind in ("pre_fw", "post_fw", "pre_bw", "post_bw")
+        ):
+            if user_hook is not None and not _only_observes(
+                getattr(user_hook, "__self__", None)
+            ):
+                return (
+                    f"a ModTracker calls back {getattr(user_hook, '__qualname__', user_hook)}, "
+                    "which sees modules only when they run eagerly"
+                )
     return None
 
 
@@ -252,14 +275,21 @@ def skips_module_call(tracker: Any, module: Any) -> bool:
     Whether a module tracker does not count a call of module on this thread
     as a module running: a call of a graph's own subgraph by a graph shown to
     trackers; inside a fake call shown to trackers, a tracer's call (Dynamo
-    compiling, AOTAutograd or make_fx tracing graph modules), or any call if
-    the tracker is not one of this thread's (its hooks are global).
+    compiling, AOTAutograd or make_fx tracing graph modules), or a call if
+    the tracker is not one of this thread's trackers (its hooks are global),
+    as for the call of torch.compile(module)'s wrapper that makes it.
     """
     if isinstance(module, fx.GraphModule) and _current_graph_call() is not None:
         return True
-    if not _observed.depth:
-        return False
-    return tracer_owns_call() or all(t is not tracker for t in _module_trackers())
+    if _observed.depth and tracer_owns_call():
+        return True
+    if _observed.depth or (
+        isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
+        and users_fake_mode() is not None
+    ):
+        mine = _module_trackers()
+        return bool(mine) and all(t is not tracker for t in mine)
+    return False
 
 
 def hidden_from_tracing(value: Any) -> bool:
