@@ -50,21 +50,25 @@ except ImportError:
 
 
 class MLP(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, breaks=False):
         super().__init__()
         self.up = torch.nn.Linear(16, 32)
         self.act = torch.nn.GELU()
         self.down = torch.nn.Linear(32, 16)
+        self.breaks = breaks
 
     def forward(self, x):
-        return self.down(self.act(self.up(x))) + x
+        h = self.act(self.up(x))
+        if self.breaks:
+            torch._dynamo.graph_break()
+        return self.down(h) + x
 
 
 class Net(torch.nn.Module):
     # Nested modules, a buffer, and a module called outside the blocks.
-    def __init__(self):
+    def __init__(self, breaks=False):
         super().__init__()
-        self.blocks = torch.nn.Sequential(MLP(), MLP())
+        self.blocks = torch.nn.Sequential(MLP(breaks), MLP(breaks))
         self.head = torch.nn.Linear(16, 4)
         self.register_buffer("scale", torch.ones(4))
 
@@ -350,18 +354,22 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
         self.assertOwnedLikeEager(out, ref, mode)
 
     @needs_trackers_patch
-    @parametrize("backend", ["eager", "aot_eager"])
-    def test_eagers_rows_on_every_backend(self, backend):
+    @parametrize("case", ["eager", "aot_eager", "aot_eager, a graph break in each block"])
+    def test_eagers_rows_on_every_backend(self, case):
         # The compiled run's figures in eager's rows with the backends that
         # run Dynamo's graph op by op (backward through eager's autograd) and
-        # AOTAutograd's graphs.
-        with FakeTensorMode():
+        # AOTAutograd's graphs, and with graph breaks inside the modules (the
+        # frames after a break compile apart).
+        backend, _, graph_break = case.partition(", ")
+        # Dynamo's default (its test case turns nested graph breaks on).
+        nested = {"nested_graph_breaks": False} if hasattr(torch._dynamo.config, "nested_graph_breaks") else {}
+        with FakeTensorMode(), torch._dynamo.config.patch(**nested):
             x = torch.randn(4, 16, requires_grad=True)
             for tracker in ("FlopCounterMode", "MemTracker"):
-                eager_model = Net()
+                eager_model = Net(breaks=bool(graph_break))
                 eager = tracked(tracker, eager_model, train_step(eager_model, eager_model, x))
-                model = Net()
-                fn = compiled("torch.compile(fn)", model, backend, fullgraph=True)
+                model = Net(breaks=bool(graph_break))
+                fn = compiled("torch.compile(fn)", model, backend, fullgraph=not graph_break)
                 self.assertEqual(tracked(tracker, model, train_step(model, fn, x)), eager)
 
     @needs_trackers_patch

@@ -128,7 +128,17 @@ def graph_for_observers(
         for node in module.graph.nodes:
             if node.op == "get_attr":
                 attr = _get_attr(module, node.target)
-                if isinstance(attr, fx.GraphModule) and (sub := rewritten(attr, False)):
+                if not isinstance(attr, fx.GraphModule):
+                    continue
+                if any(_module_stack(n) for n in attr.graph.nodes):
+                    _warn_once(
+                        "Trackers shown a compiled call under a FakeTensorMode: "
+                        "modules inside a higher-order op's subgraph "
+                        "(nested_compile_region, activation checkpointing with "
+                        "the eager backend) are counted in the module around "
+                        "its call"
+                    )
+                if sub := rewritten(attr, False):
                     subgraphs[node.target] = sub
         graph = copy.deepcopy(module.graph)
         crosses = top and _add_module_boundaries(

@@ -142,6 +142,14 @@ class ObservedCallsCallback(fake_mode_guards.FakeCallsCallback):
         super().__init__(callback, observed=True)
 
     def __call__(self, frame: Any, cache_entry: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(
+            torch._dynamo.config, "nested_graph_breaks", False
+        ) and frame.f_code.co_name.startswith("torch_dynamo_resume_in_"):
+            _warn_once(
+                "Trackers shown a compiled call under a FakeTensorMode: with "
+                "torch._dynamo.config.nested_graph_breaks, the modules around a "
+                "graph break inside a nested call are not entered after it"
+            )
         caller, files = frame, _tracker_files()
         for _ in range(8):
             if caller is None:
