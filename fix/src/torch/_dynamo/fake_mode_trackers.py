@@ -119,7 +119,7 @@ def callback_for_observed_calls(fn: Callable[..., Any], callback: Any) -> Any:
     trackers, if the modes on the stack allow it (see Note [Trackers see the
     compiled run of a fake call]).
     """
-    why = _why_not_shown(fn)
+    why = _why_not_shown()
     if why is None:
         return ObservedCallsCallback(callback.callback)
     if why:
@@ -177,7 +177,7 @@ def _tracker_files() -> set[str]:
     }
 
 
-def _why_not_shown(fn: Callable[..., Any]) -> Optional[str]:
+def _why_not_shown() -> Optional[str]:
     """None if the call can show the modes the compiled run, else why not
     ('' when no mode would want it)."""
     if _observed.depth:
