@@ -283,14 +283,18 @@ def skips_module_call(tracker: Any, module: Any) -> bool:
     Whether a module tracker does not count a call of module on this thread
     as a module running: a call of a graph's own subgraph by a graph shown to
     trackers; inside a fake call shown to trackers, a tracer's call (Dynamo
-    compiling, AOTAutograd or make_fx tracing graph modules), or a call if
-    the tracker is not one of this thread's trackers (its hooks are global),
-    as for the call of torch.compile(module)'s wrapper that makes it.
+    compiling, AOTAutograd or make_fx tracing graph modules); and a call on a
+    thread making fake calls under trackers of its own, if tracker is
+    another tracker mode's (FlopCounterMode's, MemTracker's: their hooks are
+    global), inside such a call or for the torch.compile(module) wrapper's
+    call that makes it.
     """
     if isinstance(module, fx.GraphModule) and _current_graph_call() is not None:
         return True
     if _observed.depth and tracer_owns_call():
         return True
+    if not getattr(tracker, "_owned_by_a_tracker", False):
+        return False
     if _observed.depth or (
         isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
         and users_fake_mode() is not None
