@@ -144,6 +144,8 @@ def graph_for_observers(
         crosses = top and _add_module_boundaries(
             graph, stacks or {node.name: _module_stack(node) for node in module.graph.nodes}
         )
+        # An AOTAutograd graph pair either crosses a module boundary in both
+        # graphs or in neither: the bookings pair up.
         if crosses and stacks is None:
             _add_gradient_bookings(graph)
         observed = None

@@ -102,8 +102,6 @@ def frames_run_eagerly_under_modes() -> bool:
 # eagerly under the modes, with one warning saying why.
 
 
-
-
 def shows_compiled_run() -> bool:
     """
     Whether this thread is in a fake call that shows trackers the compiled
@@ -112,9 +110,9 @@ def shows_compiled_run() -> bool:
     return _observed.depth > 0
 
 
-def callback_for_observed_calls(fn: Callable[..., Any], callback: Any) -> Any:
+def callback_for_observed_calls(callback: Any) -> Any:
     """
-    The callback for a call of compiled fn under a user's FakeTensorMode
+    The callback for a call of compiled code under a user's FakeTensorMode
     (callback, made by callback_for_fake_calls): one for calls shown to
     trackers, if the modes on the stack allow it (see Note [Trackers see the
     compiled run of a fake call]).
