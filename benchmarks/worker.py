@@ -165,9 +165,9 @@ def run_fake(args: argparse.Namespace) -> dict:
         n_calls = args.count_call_index + 1
     if args.no_record:
         # What the replay's record costs: the same calls with the record a no-op (nothing is replayed then).
-        from torch._dynamo import ambient_fake_mode
+        from torch._dynamo import fake_mode_replay
 
-        ambient_fake_mode._Replay.record = lambda self, *args, **kwargs: None
+        fake_mode_replay.Replay.record = lambda self, *args, **kwargs: None
 
     dtype = getattr(torch, args.dtype)
     with FakeTensorMode():

@@ -21,3 +21,8 @@ def dynamo_skips_for_dispatch_mode() -> bool:
 # What Dynamo's callbacks and backend wrappers name the callable they wrap:
 # Dynamo's cache lookup follows it to the backend a cache entry is keyed by.
 WRAPPED_BACKEND_ATTR = "_torchdynamo_orig_backend"
+
+
+# Whether guards carry the user stack that added them (add_lambda_guard takes
+# it), from 2.11 on.
+GUARDS_HAVE_USER_STACKS = False

@@ -480,7 +480,7 @@ class CompileUnderFakeModeFidelityTests(torch._dynamo.test_case.TestCase):
             with FakeTensorMode(shape_env=ShapeEnv()) as mode:
                 x, w = torch.randn(8), torch.randn(8, 4, requires_grad=True)
                 with self.assertLogs(
-                    "torch._dynamo.ambient_fake_mode", "WARNING"
+                    "torch._dynamo.fake_mode_backend_graphs", "WARNING"
                 ) as logs:
                     out = torch.compile(fn, backend=backend, fullgraph=True)(x, w)
                 out.sum().backward()
@@ -649,7 +649,7 @@ class CompileUnderFakeModeFidelityTests(torch._dynamo.test_case.TestCase):
                 out = compiled(x)
             else:
                 with self.assertLogs(
-                    "torch._dynamo.ambient_fake_mode", "WARNING"
+                    "torch._dynamo.fake_mode_backend_graphs", "WARNING"
                 ) as logs:
                     out = compiled(x)
                 self.assertIn("needs a cuda device", logs.output[0])

@@ -1,9 +1,10 @@
 # Owner(s): ["module: dynamo"]
 """
 Guards of functions compiled under a user-created FakeTensorMode: real and fake
-calls never share a cache entry (an entry without tensor inputs holds a
-FAKE_TENSOR_MODE guard), guard filters never serve fake calls real code, and the
-guards of entries compiled for real calls are unchanged.
+calls never share a cache entry (an entry compiled for fake calls holds a
+FAKE_TENSOR_MODE guard; real calls look up entries of their own), guard filters
+never serve fake calls real code, and the guards of entries compiled for real
+calls are unchanged.
 See Note [Inheriting the ambient FakeTensorMode] in
 torch/_dynamo/ambient_fake_mode.py
 """
@@ -90,17 +91,34 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
         self.assertEqual(fn(), torch.full((3,), 2.0))
         self.assertEqual(frames_compiled(), 2)
 
-    # Run-only lookups (the eager_on_recompile stance) match entries of every
-    # backend: the guard keeps a fake call off a real entry without tensor
-    # inputs (review: dropping it gave a real tensor under the mode).
+    # Run-only lookups (the eager_on_recompile stance, torch._dynamo.run)
+    # match entries of every backend: a fake call's match only the entries
+    # compiled for fake calls, so it never gets a real entry without tensor
+    # inputs (review: that gave a real tensor under the mode).
     def test_run_only_lookups_never_give_fake_calls_a_real_entry(self):
-        fn = torch.compile(lambda: torch.ones(3) * 2, backend="inductor")
+        def f():
+            return torch.ones(3) * 2
+
+        fn = torch.compile(f, backend="inductor")
         self.assertNotIsInstance(fn(), FakeTensor)
         with torch.compiler.set_stance("eager_on_recompile"):
             with FakeTensorMode() as mode:
                 out = fn()
-        self.assertIsInstance(out, FakeTensor)
         self.assertIs(out.fake_mode, mode)
+        with FakeTensorMode() as mode:
+            out = torch._dynamo.run(f)()
+        self.assertIs(out.fake_mode, mode)
+        self.assertEqual(frames_compiled(), 1)
+        # An entry compiled for fake calls serves a run-only fake call, and
+        # never a run-only real one.
+        with FakeTensorMode() as mode:
+            fn()
+        self.assertEqual(frames_compiled(), 2)
+        with torch.compiler.set_stance("eager_on_recompile"):
+            with FakeTensorMode() as mode:
+                self.assertIs(fn().fake_mode, mode)
+            self.assertEqual(torch._dynamo.run(f)(), torch.full((3,), 2.0))
+        self.assertEqual(frames_compiled(), 2)
 
     def test_counterfactual_no_tensor_inputs_real_artifact_reused(self):
         # The bug this fixes: with the feature off, the real entry is reused
@@ -302,12 +320,17 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
         def fn(x, y):
             return (x @ y).relu() + 1
 
-        args = (torch.randn(4, 4), torch.randn(4, 4))
-        on = guards_of(fn, *args)
-        with torch._dynamo.config.patch(inherit_ambient_fake_mode=False):
-            off = guards_of(fn, *args)
-        self.assertEqual(on, off)
-        self.assertNotIn("FAKE_TENSOR_MODE", {name for _, name in on})
+        # A function without tensor inputs too: only the fake mode tells its
+        # real and fake calls apart, and real entries still get no guard.
+        def no_tensor_input(n):
+            return torch.ones(n) * 2
+
+        for f, args in ((fn, (torch.randn(4, 4), torch.randn(4, 4))), (no_tensor_input, (3,))):
+            on = guards_of(f, *args)
+            with torch._dynamo.config.patch(inherit_ambient_fake_mode=False):
+                off = guards_of(f, *args)
+            self.assertEqual(on, off)
+            self.assertNotIn("FAKE_TENSOR_MODE", {name for _, name in on})
 
     # A frame whose tensor is made from a NumPy array by Dynamo's guards
     # (___from_numpy): its same-frame guard check runs outside the user's mode,

@@ -1,7 +1,7 @@
 # Owner(s): ["module: dynamo"]
 """
-A repeated fake call replays what the backend's graphs made (_Replay in
-torch/_dynamo/ambient_fake_mode.py) instead of running them: the replayed
+A repeated fake call replays what the backend's graphs made (Replay in
+torch/_dynamo/fake_mode_replay.py) instead of running them: the replayed
 outputs must be what running the graphs gives. Property test: generated
 programs of views (transpose, narrow, unfold, expand, as_strided, dtype views,
 view_as_real / view_as_complex, reshape of non-contiguous tensors), in-place
@@ -22,7 +22,7 @@ import os
 
 import torch
 import torch._dynamo.test_case
-from torch._dynamo.ambient_fake_mode import compile_unlowered
+from torch._dynamo.fake_mode_backend_graphs import compile_unlowered
 from torch._dynamo.utils import counters
 from torch._functorch.aot_autograd import aot_function
 from torch._subclasses.fake_tensor import FakeTensorMode

@@ -4,26 +4,24 @@ See Note [Inheriting the ambient FakeTensorMode] in ambient_fake_mode.py.
 """
 
 import copy
+import logging
 import weakref
-from collections.abc import Callable
-from typing import Any, TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Any, Optional, TYPE_CHECKING
 
 import torch
+from torch import fx
 
-from . import fake_mode_compat
-from .ambient_fake_mode import (
-    _FAKE,
-    _get_dispatch_mode,
-    active_fake_mode,
-    codes_compiled_for_fake,
-    state,
-    users_fake_mode,
-)
+from . import config, fake_mode_compat
+from .ambient_fake_mode import _FAKE, _get_dispatch_mode, state, users_fake_mode
 from .types import ConvertFrameReturn, FrameAction, FrameExecStrategy
 
 
 if TYPE_CHECKING:
     from .output_graph import OutputGraph
+
+
+log = logging.getLogger(__name__)
 
 
 def fake_mode_active() -> bool:
@@ -33,71 +31,147 @@ def fake_mode_active() -> bool:
     same-frame guard check runs that way, as every other guard needs): then it
     is the mode the frame was called under.
     """
-    return active_fake_mode() is not None or state.mode is not None
+    return _get_dispatch_mode(_FAKE) is not None or state.mode is not None
 
 
-def _frame_tensor_inputs(output_graph: "OutputGraph") -> list[int]:
+def guard_fake_entry(
+    output_graph: "OutputGraph",
+    runtime: Any,
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+) -> None:
     """
-    The graph inputs that are tensors the frame was called with (its own
-    arguments, or items of a tuple, list or dict argument such as *args), not
-    tensors it reached through attributes (a module's parameters) or globals.
+    An entry compiled for fake calls gets FAKE_TENSOR_MODE (see
+    fake_tensor_mode_check). Real calls never look it up (callbacks of calls
+    under a FakeTensorMode key their entries by a backend of their own, see
+    for_call_under_modes) except in run-only lookups, which match entries
+    of every backend: there the guard keeps them off it. Entries compiled for
+    real calls get nothing new. Under a guard_filter_fn, which may drop the
+    guards, the entry's real calls compile for real (DeferredCompile).
     """
-    from .source import DictGetItemSource, GetItemSource, LocalSource
+    from .guards import GuardBuilder
+    from .source import GlobalStateSource
 
-    def is_frame_input(source: Any) -> bool:
-        while isinstance(source, (GetItemSource, DictGetItemSource)):
-            source = source.base
-        return isinstance(source, LocalSource)
-
-    return [
-        i
-        for i, arg in enumerate(output_graph.graphargs)
-        if arg.is_tensor and is_frame_input(arg.source)
-    ]
-
-
-def needs_fake_tensor_mode_guard(output_graph: "OutputGraph") -> bool:
-    """
-    Every entry compiled for fake calls gets FAKE_TENSOR_MODE (see
-    fake_tensor_mode_check). TENSOR_MATCH checks a tensor input's type, so a
-    real entry is hit by a fake call only if no tensor input tells them
-    apart: it guards when it has no tensor input at all, or, for a frame
-    already called for fake, when none of its tensor inputs is one the frame
-    was called with (a module with real parameters called with an int, then
-    called again under a FakeTensorMode(allow_non_fake_inputs=True)). The
-    guard is what keeps fake calls off such an entry where the cache identity
-    of callback_for_fake_calls does not: run-only lookups, a FakeTensorMode
-    entered inside a compiled call, and a call on a thread whose
-    _is_in_torch_dispatch_mode flag another thread's mode exit cleared.
-    """
-    fake_calls = output_graph.fake_calls
-    if not fake_calls.enabled:
-        return False
-    if fake_calls.is_compiling_for_fake(output_graph):
-        return True
-    if not any(arg.is_tensor for arg in output_graph.graphargs):
-        return True
-    return output_graph.root_tx.f_code in codes_compiled_for_fake and not (
-        _frame_tensor_inputs(output_graph)
+    output_graph.guards.add(
+        GlobalStateSource().make_guard(GuardBuilder.FAKE_TENSOR_MODE)
     )
+    if output_graph.fake_calls.guards_filtered:
+        runtime.real_calls = DeferredCompile(output_graph, gm, example_inputs)
+
+
+class DeferredCompile:
+    """
+    The backend's real compile of a graph compiled for fake calls, made on
+    its first real call, as Dynamo would have made it for the frame. A
+    guard_filter_fn may drop the guards that keep real and fake calls apart
+    (skip_all_guards_unsafe drops them all), and then an entry real calls
+    look up (FakeTensors called outside any mode, a mode entered inside a
+    compiled region) serves both: real calls after a fake dry run run the
+    backend's artifact, at its speed.
+    Holds a copy of the graph the backend is given (it may rewrite that one
+    in place), the example inputs and the TracingContext until then. Guards
+    the backend would add on that compile are not installed: the filter
+    already dropped the entry's.
+    """
+
+    def __init__(
+        self,
+        output_graph: "OutputGraph",
+        gm: fx.GraphModule,
+        example_inputs: Sequence[Any],
+    ) -> None:
+        self.compiler_fn = output_graph.compiler_fn
+        self.gm = _copy_for_backend(output_graph, gm)
+        self.example_inputs = list(example_inputs)
+        self.tracing_context = output_graph.tracing_context
+        # The global state (grad mode, autocast) the frame was called under.
+        self.frame_state = self.tracing_context.global_context.copy_graphstate()
+        self.compiled_fn: Optional[Callable[..., Any]] = None
+
+    def __call__(self, *args: Any) -> Any:
+        compiled_fn = self.compiled_fn
+        if compiled_fn is None:
+            compiled_fn = self.compile()
+        return compiled_fn(*args)
+
+    def compile(self) -> Callable[..., Any]:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        from .convert_frame import compile_lock
+        from .output_graph import OutputGraph
+
+        with compile_lock, _disable_current_modes():
+            if self.compiled_fn is not None:
+                return self.compiled_fn
+            context = self.tracing_context
+            now: dict[str, Any] = {}
+            # save_global_state only reads the global state when given out=.
+            OutputGraph.save_global_state(None, out=now)  # type: ignore[arg-type]
+            context.global_context.restore_graphstate(self.frame_state)
+            try:
+                with torch._guards.tracing(context):
+                    compiled_fn = self.compiler_fn(self.gm, self.example_inputs)
+            except Exception:
+                if not config.suppress_errors:
+                    raise
+                # As Dynamo does for a backend that fails: run eagerly.
+                log.warning(
+                    "Backend compile failed on the first real call of a graph "
+                    "compiled for fake calls; its real calls run eagerly",
+                    exc_info=True,
+                )
+                compiled_fn = self.gm.forward
+            finally:
+                context.global_context.restore_graphstate(
+                    type(self.frame_state)(now)
+                )
+            self.compiled_fn = compiled_fn
+            del self.gm, self.example_inputs, self.tracing_context
+        return compiled_fn
+
+
+def _copy_for_backend(output_graph: "OutputGraph", gm: fx.GraphModule) -> fx.GraphModule:
+    """
+    A copy of the graph Dynamo gives the backend, with what Dynamo sets on it
+    before the call (OutputGraph._call_user_compiler); node metadata is shared.
+    """
+    from torch.fx._lazy_graph_module import _make_graph_module
+
+    copied = _make_graph_module(gm, copy.deepcopy(gm.graph))
+    copied.meta = dict(gm.meta)
+    copied._param_name_to_source = output_graph.param_name_to_source  # type: ignore[assignment]
+    copied._source_to_user_stacks = getattr(output_graph, "source_to_user_stacks", None)  # type: ignore[assignment]
+    copied.compile_subgraph_reason = getattr(gm, "compile_subgraph_reason", None)  # type: ignore[assignment]
+    for node in copied.graph.find_nodes(op="placeholder"):
+        if "grapharg" in node.meta:
+            node._dynamo_source = node.meta["grapharg"].source  # type: ignore[attr-defined]
+    return copied
+
+
+def install_fake_tensor_mode_guard(builder: Any, guard: Any) -> str:
+    """What GuardBuilder.FAKE_TENSOR_MODE installs: a lambda guard on the
+    root. Returns its code, for guard dumps."""
+    from .guards import get_verbose_code_parts
+
+    code, check = fake_tensor_mode_check(builder.check_fn_manager.output_graph)
+    user_stack = (guard.user_stack,) if fake_mode_compat.GUARDS_HAVE_USER_STACKS else ()
+    builder.guard_manager.root.add_lambda_guard(
+        lambda _: check(), get_verbose_code_parts([code], guard), *user_stack
+    )
+    return code
 
 
 def fake_tensor_mode_check(output_graph: Any) -> tuple[str, Callable[[], bool]]:
     """
     What FAKE_TENSOR_MODE checks, as code for guard dumps and as a function.
-    A real entry runs only where no fake mode is active. An entry compiled
-    for fake calls runs only where a fake mode is active (unless a FakeTensor
-    input already tells, through TENSOR_MATCH), and only where Dynamo would
-    compile the frame: under a tracker mode (FlopCounterMode, MemTracker, ...)
-    the frame runs eagerly instead, so the tracker sees its modules' hooks,
-    whether or not the entry was compiled before the tracker was entered.
+    An entry compiled for fake calls runs only where a fake mode is active
+    (unless a FakeTensor input already tells, through TENSOR_MATCH), and only
+    where Dynamo would compile the frame: under a tracker mode
+    (FlopCounterMode, MemTracker, ...) the frame runs eagerly instead, so the
+    tracker sees its modules' hooks, whether or not the entry was compiled
+    before the tracker was entered.
     """
-    in_fake_mode = output_graph.in_fake_tensor_mode
     skips = fake_mode_compat.dynamo_skips_for_dispatch_mode
-    if not output_graph.fake_calls.compiled_for_fake:
-        return f"___fake_mode_active() == {in_fake_mode}", (
-            lambda: fake_mode_active() == in_fake_mode
-        )
     if output_graph.fake_calls.has_fake_tensor_input:
         return "not ___dynamo_skips_for_dispatch_mode()", lambda: not skips()
     return "___fake_mode_active() and not ___dynamo_skips_for_dispatch_mode()", (
@@ -105,11 +179,18 @@ def fake_tensor_mode_check(output_graph: Any) -> tuple[str, Callable[[], bool]]:
     )
 
 
-def compiled_for_fake_calls(output_graph: Any) -> bool:
-    """Whether CheckFunctionManager guards an entry that counts toward the
-    recompile limit of fake calls: one compiled under a user's FakeTensorMode
-    (output_graph may also be a deserialized guards state)."""
-    return bool(getattr(output_graph, "in_fake_tensor_mode", False))
+def mark_entry(guard_manager: Any, output_graph: Any) -> None:
+    """
+    Marks the entry CheckFunctionManager guards (compiled_for_fake_calls, read
+    by cache_size.py): whether it counts toward the recompile limit of fake
+    calls, as one compiled under a user's FakeTensorMode. output_graph may
+    also be a deserialized guards state: a real entry's, as entries compiled
+    for fake calls bypass precompile packages.
+    """
+    fake_calls = getattr(output_graph, "fake_calls", None)
+    guard_manager.compiled_for_fake_calls = (
+        fake_calls is not None and fake_calls.mode is not None
+    )
 
 
 def is_fake_entry(cache_entry: Any) -> bool:
@@ -162,30 +243,34 @@ def code_state_of_call(code_states: Any, code_id: Any, name: str) -> Any:
     return mine
 
 
-def callback_for_fake_calls(callback: Any) -> Any:
+def for_call_under_modes(
+    callback: Any, fn: Callable[..., Any]
+) -> tuple[Any, Callable[..., Any]]:
     """
-    The callback Dynamo installs for a call made while a dispatch mode is
-    active: under a FakeTensorMode, one that compiles as the given one does
-    but whose cache entries are keyed by a backend of their own
+    The callback compile_wrapper installs, and what it calls, for a call of
+    fn made while a dispatch mode is active. Under a user's FakeTensorMode
+    (not a tracer's: export, make_fx and AOTAutograd keep the given callback,
+    as capture_ambient_fake_mode does) a callback that compiles as the given
+    one but whose cache entries are keyed by a backend of their own
     (_FakeCallsBackend), so Dynamo's cache lookup never runs an entry
     compiled for real calls on a fake one, nor the reverse, whatever guards a
-    guard_filter_fn left (skip_all_guards_unsafe leaves none). Calls outside
-    any dispatch mode pay one flag read in compile_wrapper, nothing per
-    entry. A tracer's own FakeTensorMode (export, make_fx, AOTAutograd) keeps
-    the given callback, as capture_ambient_fake_mode does. Run-only lookups
-    (callback False: torch._dynamo.run, the eager_on_recompile stance) match
-    entries of every backend, so there only guards keep the two apart.
+    guard_filter_fn left (skip_all_guards_unsafe leaves none). Run-only
+    lookups (callback False: torch._dynamo.run, the eager_on_recompile
+    stance) match entries of every backend: a fake call's match those
+    compiled for fake calls, of every backend (FakeCallsRunOnly). Calls
+    outside any dispatch mode pay one flag read in compile_wrapper; entries
+    compiled for real calls get nothing new.
     """
-    # Inlined active_fake_mode(): calls under another dispatch mode pay one
-    # lookup and no other call.
+    # Calls under another dispatch mode pay one lookup and no other call.
     if (
         _get_dispatch_mode(_FAKE) is None
         or callback is None
-        or callback is False
         or users_fake_mode() is None
     ):
-        return callback
-    return FakeCallsCallback(callback)
+        return callback, fn
+    if callback is False:
+        return FakeCallsRunOnly(), fn
+    return FakeCallsCallback(callback), fn
 
 
 class _FakeCallsBackend:
@@ -200,6 +285,10 @@ class _FakeCallsBackend:
 
     def __init__(self, backend: Any, observed: bool) -> None:
         self.observed = observed
+        if backend is None:
+            # Run-only lookups: every backend's (FakeCallsRunOnly).
+            self.backend = None
+            return
         try:
             self.backend = weakref.ref(backend)
         except TypeError:
@@ -209,6 +298,8 @@ class _FakeCallsBackend:
     def __eq__(self, other: object) -> bool:
         if type(other) is not _FakeCallsBackend or other.observed != self.observed:
             return False
+        if self.backend is None or other.backend is None:
+            return True
         mine, theirs = self.backend(), other.backend()
         return mine is not None and (mine is theirs or mine == theirs)
 
@@ -277,6 +368,26 @@ class FakeCallsCallback:
             _codes_past_fake_recompile_limit.add(code)
             return _run_only_this_call()
         return result
+
+
+class FakeCallsRunOnly:
+    """
+    The callback of a run-only call (torch._dynamo.run, the
+    eager_on_recompile stance) under a FakeTensorMode: Dynamo's cache lookup
+    matches the entries compiled for fake calls of every backend (never a
+    real entry, whose code may not run on FakeTensors), and a miss runs the
+    frame eagerly, compiling nothing, as a run-only call does.
+    """
+
+    def __init__(self) -> None:
+        setattr(
+            self,
+            fake_mode_compat.WRAPPED_BACKEND_ATTR,
+            _FakeCallsBackend(None, observed=False),
+        )
+
+    def __call__(self, frame: Any, cache_entry: Any, *args: Any, **kwargs: Any) -> Any:
+        return ConvertFrameReturn(apply_to_code=False)
 
 
 # Code objects whose fake calls hit their recompile limit (the only reason

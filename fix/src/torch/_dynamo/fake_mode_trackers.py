@@ -5,6 +5,7 @@ attributes it, from the graphs' own metadata. See Note [Trackers see the
 compiled run of a fake call].
 """
 
+import functools
 import logging
 import sys
 from typing import Any, Callable, Optional
@@ -110,22 +111,26 @@ def shows_compiled_run() -> bool:
     return _observed.depth > 0
 
 
-def callback_for_observed_calls(callback: Any) -> Any:
+def for_observed_calls(
+    callback: Any, fn: Callable[..., Any]
+) -> tuple[Any, Callable[..., Any]]:
     """
-    The callback for a call of compiled code under a user's FakeTensorMode
-    (callback, made by callback_for_fake_calls): one for calls shown to
-    trackers, if the modes on the stack allow it (see Note [Trackers see the
-    compiled run of a fake call]).
+    The callback for a call of fn, compiled code, under a user's
+    FakeTensorMode (callback, made by for_call_under_modes), and what
+    compile_wrapper calls: the call shown to trackers, if the modes on the
+    stack allow it (see Note [Trackers see the compiled run of a fake call]).
     """
     why = _why_not_shown()
     if why is None:
-        return ObservedCallsCallback(callback.callback)
+        return ObservedCallsCallback(callback.callback), functools.partial(
+            call_observed, fn
+        )
     if why:
         _warn_once(
             "A compiled call under a FakeTensorMode and a dispatch mode runs "
             f"eagerly under the modes, as on stock (the modes see eager's run): {why}"
         )
-    return callback
+    return callback, fn
 
 
 class ObservedCallsCallback(fake_mode_guards.FakeCallsCallback):
@@ -230,7 +235,7 @@ def _module_tracker_of_hook(hook: Callable[..., Any]) -> Optional[Any]:
     return owner if type(owner) in _module_tracker_types() else None
 
 
-def call_observed(fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+def call_observed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """fn(*args, **kwargs), shown to the trackers on this thread's stack."""
     # The compiled module enters here, as its hooks would in eager, for the
     # module trackers that do not see it: all of them where Dynamo traces
