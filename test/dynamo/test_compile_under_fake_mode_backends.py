@@ -10,6 +10,7 @@ torch/_dynamo/ambient_fake_mode.py
 """
 
 import unittest
+import unittest.mock
 
 import torch
 import torch._dynamo.test_case
@@ -134,6 +135,43 @@ class CompileUnderFakeModeBackendTests(CompileUnderFakeModeTestCase):
                 torch.compile(fn, backend=backend)(torch.randn(3))
         self.assertEqual(counters["aot_autograd"]["total"], 2)
         self.assertEqual(len(compiled_graphs), 1)
+
+    # Nothing an AOTAutograd backend builds for fake calls enters or comes
+    # from AOTAutograd's caches, local or remote (review: the remote one was
+    # still consulted): each backend turns them off for such a compile.
+    @parametrize("backend", ["aot_eager", "inductor"])
+    def test_no_aot_autograd_cache_serves_a_fake_compile(self, backend):
+        from torch._dynamo import fake_mode_backend_graphs
+
+        seen = []
+
+        def recording(compile_unlowered):
+            def compile(gm, example_inputs, **kwargs):
+                config = torch._functorch.config
+                seen.append(
+                    (config.enable_autograd_cache, config.enable_remote_autograd_cache)
+                )
+                return compile_unlowered(gm, example_inputs, **kwargs)
+
+            return compile
+
+        for name in ("compile_unlowered", "compile_unlowered_kernels"):
+            self._stack.enter_context(
+                unittest.mock.patch.object(
+                    fake_mode_backend_graphs,
+                    name,
+                    recording(getattr(fake_mode_backend_graphs, name)),
+                )
+            )
+        self._stack.enter_context(
+            torch._functorch.config.patch(
+                enable_autograd_cache=True, enable_remote_autograd_cache=True
+            )
+        )
+        with FakeTensorMode():
+            torch.compile(lambda x: x.sin() * 2, backend=backend)(torch.randn(3))
+        self.assertTrue(seen)
+        self.assertEqual(set(seen), {(False, False)})
 
 
 instantiate_parametrized_tests(CompileUnderFakeModeBackendTests)

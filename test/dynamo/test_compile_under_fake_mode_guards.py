@@ -10,6 +10,7 @@ torch/_dynamo/ambient_fake_mode.py
 """
 
 import unittest
+import unittest.mock
 
 import numpy as np
 
@@ -396,6 +397,60 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
         self.assertEqual(cnt.frame_count, 3)
         self.assertFakeCallLikeEager(fn, 5, 5)
         self.assertEqual(cnt.frame_count, 4)
+
+    # An isolate_recompiles region's fake calls past their limit leave the
+    # other regions' fake calls compiling (review: the mark was per code
+    # object).
+    @unittest.skipUnless(
+        hasattr(torch._C._dynamo.eval_frame, "_get_cache_entries_for_region"),
+        "isolate_recompiles regions are new in torch 2.13",
+    )
+    def test_fake_recompile_limit_is_per_isolate_recompiles_region(self):
+        def f(x):
+            return x * 2 + 1
+
+        isolated = CompileCounterWithBackend("eager")
+        default = CompileCounterWithBackend("eager")
+        a = torch.compile(f, backend=isolated, isolate_recompiles=True)
+        b = torch.compile(f, backend=default)
+        with torch._dynamo.config.patch(
+            recompile_limit=2, automatic_dynamic_shapes=False
+        ), FakeTensorMode():
+            b(torch.randn(9))
+            for n in (2, 3, 4):
+                a(torch.randn(n))
+            self.assertEqual(isolated.frame_count, 2)
+            b(torch.randn(10))
+        self.assertEqual(default.frame_count, 2)
+
+    # The recompilation reasons of a call are those of the entries of its own
+    # kind: a real entry's guards passing for a fake call is no "unexpected
+    # recompilation", and a fake entry's FakeTensor check is no reason for a
+    # real one (review).
+    def test_recompilation_reasons_are_of_the_calls_own_kind(self):
+        from torch._dynamo import convert_frame
+
+        reasons = []
+        log_reasons = convert_frame.get_and_maybe_log_recompilation_reasons
+
+        def record(*args, **kwargs):
+            reasons.append(log_reasons(*args, **kwargs))
+            return reasons[-1]
+
+        fn = torch.compile(lambda x: x.sin(), backend="eager")
+        with unittest.mock.patch.object(
+            convert_frame, "get_and_maybe_log_recompilation_reasons", record
+        ), torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+            fn(torch.randn(4))
+            with FakeTensorMode():
+                fn(torch.randn(4))
+                fn(torch.randn(5))
+            fn(torch.randn(6))
+        fake_reasons, real_reasons = reasons
+        self.assertEqual(len(fake_reasons), 1)
+        self.assertIn("expected 4, actual 5", fake_reasons[0])
+        self.assertEqual(len(real_reasons), 1)
+        self.assertIn("expected 4, actual 6", real_reasons[0])
 
     # Automatic dynamic shapes: a dry run at another shape does not make the
     # next real compile dynamic; fake calls learn on their own, from what

@@ -228,3 +228,12 @@ def compiling_for_fake_calls() -> bool:
     (TracingContext.compiling_for_fake_mode): it must not lower it."""
     tracing_context = torch._guards.TracingContext.try_get()
     return tracing_context is not None and tracing_context.compiling_for_fake_mode
+
+
+def aot_autograd_caches_off() -> Any:
+    """What an AOTAutograd backend compiles a graph for fake calls under: no
+    AOTAutograd cache, local or remote, serves or keeps its unlowered graphs
+    (a cached real artifact would run on FakeTensors)."""
+    return torch._functorch.config.patch(
+        enable_autograd_cache=False, enable_remote_autograd_cache=False
+    )

@@ -179,7 +179,7 @@ def fake_tensor_mode_check(output_graph: Any) -> tuple[str, Callable[[], bool]]:
     )
 
 
-def mark_entry(guard_manager: Any, output_graph: Any) -> None:
+def mark_entry(guard_manager: Any, output_graph: Any, code: Any) -> None:
     """
     Marks the entry CheckFunctionManager guards (compiled_for_fake_calls, read
     by cache_size.py): whether it counts toward the recompile limit of fake
@@ -188,13 +188,36 @@ def mark_entry(guard_manager: Any, output_graph: Any) -> None:
     for fake calls bypass precompile packages.
     """
     fake_calls = getattr(output_graph, "fake_calls", None)
-    guard_manager.compiled_for_fake_calls = (
-        fake_calls is not None and fake_calls.mode is not None
-    )
+    fake = fake_calls is not None and fake_calls.mode is not None
+    guard_manager.compiled_for_fake_calls = fake
+    if fake:
+        _fake_entries.setdefault(code, weakref.WeakSet()).add(guard_manager)
+
+
+# The guard managers of each code object's entries compiled for fake calls,
+# in every isolate_recompiles region: an entry's goes with it.
+_fake_entries: "weakref.WeakKeyDictionary[Any, weakref.WeakSet[Any]]" = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def is_fake_entry(cache_entry: Any) -> bool:
     return getattr(cache_entry.guard_manager, "compiled_for_fake_calls", False)
+
+
+def same_kind(cache_entry: Any, frame: Any) -> bool:
+    """Whether cache_entry counts for the call of frame being compiled: its
+    recompile limit and its recompilation reasons are those of the entries
+    of its kind (compiled for fake calls, or not)."""
+    return is_fake_entry(cache_entry) == is_fake_call(frame)
+
+
+def count_of_call_kind(frame: Any, total: int) -> int:
+    """Of the total entries of frame's code in every isolate_recompiles
+    region (what accumulated_recompile_limit caps), those of this call's
+    kind."""
+    fakes = len(_fake_entries.get(frame.f_code, ()))
+    return fakes if is_fake_call(frame) else max(total - fakes, 0)
 
 
 def is_fake_call(frame: Any) -> bool:
@@ -278,9 +301,10 @@ class _FakeCallsBackend:
     The backend cache entries compiled for fake calls are keyed by: equal to
     another one for an equal backend (as Dynamo compares backends), never
     equal to a backend itself. It holds its backend weakly, and lives as long
-    as the backend does (_fake_calls_backends), as the entries compiled for
-    the backend need: Dynamo's cache lookup reads it through borrowed
-    references.
+    as the backend does (_fake_calls_backends): one key per backend, as the
+    real entries of a backend share theirs (some releases' cache entries
+    hold their backend by a borrowed reference). A key without a backend
+    (FakeCallsRunOnly's) is equal to every key.
     """
 
     def __init__(self, backend: Any, observed: bool) -> None:
@@ -347,25 +371,24 @@ class FakeCallsCallback:
         )
 
     def __call__(self, frame: Any, cache_entry: Any, *args: Any, **kwargs: Any) -> Any:
-        # A frame whose fake calls hit their recompile limit runs only its
-        # entries on fake calls, as Dynamo makes a frame past its limit do,
-        # but the code object keeps no such strategy: real calls still
-        # compile. (Its fake entries went, torch._dynamo.reset(): it compiles.)
-        code = frame.f_code
-        if code in _codes_past_fake_recompile_limit:
-            if cache_entry is not None and any(
-                is_fake_entry(entry)
-                for entry in torch._C._dynamo.eval_frame._debug_get_cache_entry_list(code)
-            ):
+        # A frame whose fake calls hit their recompile limit (in this
+        # isolate_recompiles region) runs only its entries on fake calls, as
+        # Dynamo makes a frame past its limit do, but the code object keeps no
+        # such strategy: real calls still compile. (Its fake entries went,
+        # torch._dynamo.reset(): it compiles.) Only cache misses get here.
+        code, region = frame.f_code, _isolate_recompiles_id()
+        past_limit = _past_fake_recompile_limit.get(code, set())
+        if region in past_limit:
+            if any(is_fake_entry(e) for e in _cache_entries(code, region, cache_entry)):
                 return _run_only_this_call()
-            _codes_past_fake_recompile_limit.discard(code)
+            past_limit.discard(region)
         result = self.callback(frame, cache_entry, *args, **kwargs)
         if (
             isinstance(result, ConvertFrameReturn)
             and result.apply_to_code
             and result.frame_exec_strategy.cur_action == FrameAction.RUN_ONLY
         ):
-            _codes_past_fake_recompile_limit.add(code)
+            _past_fake_recompile_limit.setdefault(code, set()).add(region)
             return _run_only_this_call()
         return result
 
@@ -390,9 +413,36 @@ class FakeCallsRunOnly:
         return ConvertFrameReturn(apply_to_code=False)
 
 
-# Code objects whose fake calls hit their recompile limit (the only reason
-# Dynamo runs a frame's existing entries only).
-_codes_past_fake_recompile_limit: "weakref.WeakSet[Any]" = weakref.WeakSet()
+# Per code object, the isolate_recompiles regions where its fake calls hit
+# their recompile limit (the only reason Dynamo runs a frame's existing
+# entries only).
+_past_fake_recompile_limit: "weakref.WeakKeyDictionary[Any, set[int]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _isolate_recompiles_id() -> int:
+    """The isolate_recompiles region of this call (from 2.13; -1, the
+    default region, before)."""
+    get_id = getattr(
+        torch._C._dynamo.eval_frame, "get_eval_frame_isolate_recompiles_id", None
+    )
+    return get_id() if get_id is not None else -1
+
+
+def _cache_entries(code: Any, region: int, first: Any) -> list[Any]:
+    """The cache entries of code in region, as convert_frame reads them (from
+    2.13), or the linked list from the first entry (before)."""
+    get_region = getattr(
+        torch._C._dynamo.eval_frame, "_get_cache_entries_for_region", None
+    )
+    if get_region is not None:
+        return get_region(code, region)
+    entries = []
+    while first is not None:
+        entries.append(first)
+        first = first.next
+    return entries
 
 
 def _run_only_this_call() -> ConvertFrameReturn:
