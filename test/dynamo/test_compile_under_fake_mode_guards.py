@@ -451,6 +451,12 @@ class CompileUnderFakeModeGuardTests(CompileUnderFakeModeTestCase):
         self.assertIn("expected 4, actual 5", fake_reasons[0])
         self.assertEqual(len(real_reasons), 1)
         self.assertIn("expected 4, actual 6", real_reasons[0])
+        # The fail_on_recompile stance gives them outside a compile (review).
+        with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+            with FakeTensorMode(), torch.compiler.set_stance("fail_on_recompile"):
+                with self.assertRaisesRegex(RuntimeError, "expected 4, actual 7") as e:
+                    fn(torch.randn(7))
+        self.assertNotIn("FakeTensor", str(e.exception))
 
     # Automatic dynamic shapes: a dry run at another shape does not make the
     # next real compile dynamic; fake calls learn on their own, from what

@@ -156,14 +156,15 @@ __all__ = [
 
 class _AmbientFakeModeState(threading.local):
     """
-    Set by CatchErrorsWrapper while it compiles a frame: whether the frame may
-    be compiled for fake calls at all, the user's FakeTensorMode the frame was
+    Set by CatchErrorsWrapper while it compiles a frame (captured): whether
+    the frame may be compiled for fake calls at all, the user's FakeTensorMode the frame was
     called under (captured before the ambient modes are disabled for
     compilation), and whether a guard_filter_fn will filter the frame's guards.
     Entry points that do not go through it (export, aot_compile) leave them
     unset.
     """
 
+    captured: bool = False
     enabled: bool = False
     mode: Optional[FakeTensorMode] = None
     guards_filtered: bool = False
@@ -173,7 +174,7 @@ state = _AmbientFakeModeState()
 
 
 # The FakeTensorMode active on this thread, a user's or a tracer's, is
-# _get_dispatch_mode(_FAKE): what torch._guards._get_dispatch_mode(_FAKE) finds by
+# _get_dispatch_mode(_FAKE): what torch._guards.active_fake_mode() finds by
 # walking the mode stack, in O(1) (a FakeTensorMode is the stack's FAKE infra
 # mode). compile_wrapper asks on every compiled call under a dispatch mode.
 _get_dispatch_mode = torch._C._get_dispatch_mode
@@ -227,14 +228,15 @@ def capture_ambient_fake_mode(guard_filter_fn: Optional[Callable[..., Any]]) -> 
     Around the compilation of a frame, before the ambient modes are disabled:
     remember the user's FakeTensorMode the frame is called under.
     """
-    prev = (state.enabled, state.mode, state.guards_filtered)
+    prev = (state.captured, state.enabled, state.mode, state.guards_filtered)
+    state.captured = True
     state.enabled = config.inherit_ambient_fake_mode and not tracer_owns_call()
     state.mode = _get_dispatch_mode(_FAKE) if state.enabled else None
     state.guards_filtered = guard_filter_fn is not None
     try:
         yield
     finally:
-        state.enabled, state.mode, state.guards_filtered = prev
+        state.captured, state.enabled, state.mode, state.guards_filtered = prev
 
 
 class FakeCalls:

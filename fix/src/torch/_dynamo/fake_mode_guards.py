@@ -179,7 +179,7 @@ def fake_tensor_mode_check(output_graph: Any) -> tuple[str, Callable[[], bool]]:
     )
 
 
-def mark_entry(guard_manager: Any, output_graph: Any, code: Any) -> None:
+def mark_entry(guard_manager: Any, output_graph: Any) -> None:
     """
     Marks the entry CheckFunctionManager guards (compiled_for_fake_calls, read
     by cache_size.py): whether it counts toward the recompile limit of fake
@@ -188,17 +188,9 @@ def mark_entry(guard_manager: Any, output_graph: Any, code: Any) -> None:
     for fake calls bypass precompile packages.
     """
     fake_calls = getattr(output_graph, "fake_calls", None)
-    fake = fake_calls is not None and fake_calls.mode is not None
-    guard_manager.compiled_for_fake_calls = fake
-    if fake:
-        _fake_entries.setdefault(code, weakref.WeakSet()).add(guard_manager)
-
-
-# The guard managers of each code object's entries compiled for fake calls,
-# in every isolate_recompiles region: an entry's goes with it.
-_fake_entries: "weakref.WeakKeyDictionary[Any, weakref.WeakSet[Any]]" = (
-    weakref.WeakKeyDictionary()
-)
+    guard_manager.compiled_for_fake_calls = (
+        fake_calls is not None and fake_calls.mode is not None
+    )
 
 
 def is_fake_entry(cache_entry: Any) -> bool:
@@ -212,22 +204,18 @@ def same_kind(cache_entry: Any, frame: Any) -> bool:
     return is_fake_entry(cache_entry) == is_fake_call(frame)
 
 
-def count_of_call_kind(frame: Any, total: int) -> int:
-    """Of the total entries of frame's code in every isolate_recompiles
-    region (what accumulated_recompile_limit caps), those of this call's
-    kind."""
-    fakes = len(_fake_entries.get(frame.f_code, ()))
-    return fakes if is_fake_call(frame) else max(total - fakes, 0)
-
-
 def is_fake_call(frame: Any) -> bool:
     """
-    Whether the frame being compiled was called under a user's FakeTensorMode.
-    A dry run under a FakeTensorMode must not change what later real calls
-    do, so entries compiled under one and the others count toward their own
-    recompile limits; calls on FakeTensors made outside any mode count with
-    real ones, as on stock. (The same rule on both sides, and O(1).)
+    Whether the frame being compiled (or, outside a compile, called: the
+    fail_on_recompile stance's callback) was called under a user's
+    FakeTensorMode. A dry run under a FakeTensorMode must not change what
+    later real calls do, so entries compiled under one and the others count
+    toward their own recompile limits; calls on FakeTensors made outside any
+    mode count with real ones, as on stock. (The same rule on both sides, and
+    O(1).)
     """
+    if not state.captured:
+        return users_fake_mode() is not None
     return state.enabled and state.mode is not None
 
 
@@ -284,12 +272,8 @@ def for_call_under_modes(
     outside any dispatch mode pay one flag read in compile_wrapper; entries
     compiled for real calls get nothing new.
     """
-    # Calls under another dispatch mode pay one lookup and no other call.
-    if (
-        _get_dispatch_mode(_FAKE) is None
-        or callback is None
-        or users_fake_mode() is None
-    ):
+    # compile_wrapper calls it only where a FakeTensorMode is active.
+    if callback is None or users_fake_mode() is None:
         return callback, fn
     if callback is False:
         return FakeCallsRunOnly(), fn
@@ -377,8 +361,8 @@ class FakeCallsCallback:
         # such strategy: real calls still compile. (Its fake entries went,
         # torch._dynamo.reset(): it compiles.) Only cache misses get here.
         code, region = frame.f_code, _isolate_recompiles_id()
-        past_limit = _past_fake_recompile_limit.get(code, set())
-        if region in past_limit:
+        past_limit = _past_fake_recompile_limit.get(code)
+        if past_limit is not None and region in past_limit:
             if any(is_fake_entry(e) for e in _cache_entries(code, region, cache_entry)):
                 return _run_only_this_call()
             past_limit.discard(region)
