@@ -205,3 +205,21 @@ def test_report_names_paths_relative_to_the_repository():
     with open(os.path.join(REPO, "benchmarks", "RESULTS.md")) as f:
         header = f.read().split("Times are medians", 1)[0]
     assert REPO not in header and "/work/" not in header and "/tmp/" not in header
+
+
+@needs_torch
+def test_inductor_memory_smoke():
+    # One case at a small size: the table renders, the planned fake call is the real run's.
+    script = os.path.join(REPO, "benchmarks", "inductor_memory.py")
+    check = "import torch._dynamo.config as c; print(hasattr(c, 'fake_mode_plans_inductor_buffers'))"
+    if subprocess.run([sys.executable, "-c", check], capture_output=True, text=True).stdout.strip() != "True":
+        pytest.skip("torch without fake_mode_plans_inductor_buffers")
+    proc = subprocess.run([sys.executable, script, "--cases", "mlp_no_grad", "--scale", "0.05"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("| MLP")]
+    assert len(rows) == 1, proc.stdout
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert len(cells) == 8, cells
+    real_inductor, planned = cells[4], cells[6]
+    assert planned == f"{real_inductor} (1.00x)", cells

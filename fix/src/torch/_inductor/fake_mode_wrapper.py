@@ -1,0 +1,215 @@
+"""
+Inductor's compile of a graph Dynamo compiled for calls under a user's
+FakeTensorMode, when config.fake_mode_plans_inductor_buffers is set: the
+graph is lowered, fused and scheduled as for the real run, and the Python
+wrapper Inductor generates runs under the user's mode with no kernel
+compiled. See Note [Inductor's buffers in a fake call].
+"""
+
+import builtins
+import contextlib
+import functools
+import logging
+import sys
+import threading
+import types
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any, Callable, Optional
+
+import torch
+
+
+log = logging.getLogger(__name__)
+
+
+# Note [Inductor's buffers in a fake call]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A fake call must predict the memory of the compiled run, and Inductor's
+# run allocates less than its graphs: it fuses pointwise ops into kernels
+# that write into buffers it allocates, reuses the buffers of dead tensors
+# and writes in place. All of it is in the wrapper code it generates (the
+# `call` function: allocations, kernel calls, extern kernels, `del`s), so a
+# fake call runs that code, as generated for the real run: compile_fx_inner
+# lowers and schedules the graph as always, and only the wrapper module is
+# loaded differently (GraphLowering asks code_loader()):
+#   - the module is a private one, never in PyCodeCache or sys.modules, so a
+#     later real compile of the same code loads and compiles it anew;
+#   - its AsyncCompile compiles nothing: every kernel is a no-op, so the
+#     buffers it would write keep their metadata, which is all a FakeTensor
+#     has. Extern kernels (mm, convolution, fallbacks, custom ops) are ops
+#     and run under the FakeTensorMode as in eager;
+#   - the allocation helpers, which bypass the dispatcher in C++, allocate
+#     through it (torch.empty_strided; reinterpret_tensor as an alias that is
+#     not a view, as the C++ one), so the user's FakeTensorMode makes
+#     FakeTensors and trackers see each buffer.
+# What runs is Inductor's own plan: no copy of its memory planning.
+# The FX graph cache (whose artifact would be loaded with its kernels) and
+# the C++ wrapper (it cannot run on FakeTensors) are off for such a compile;
+# a graph whose buffers would live in a CUDA graph's pool runs unlowered.
+# Kernels Inductor benchmarks while compiling (max-autotune) are compiled and
+# run on real tensors of their own, as in a real compile. Trackers shown the
+# compiled run see each buffer, in the module that calls the compiled code.
+
+
+class _NoKernel:
+    """A kernel that was not compiled: calling it, or launching it, does
+    nothing."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def run(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class _NoKernelCompile:
+    """AsyncCompile for a wrapper run under a FakeTensorMode: each kernel it
+    is asked for (cpp, cpp_pybinding, triton, ...) is a _NoKernel."""
+
+    def wait(self, scope: dict[str, Any]) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Callable[..., _NoKernel]:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: _NoKernel()
+
+
+_ASYNC_COMPILE = "torch._inductor.async_compile"
+
+
+def _import(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+    # The wrapper imports AsyncCompile from its module: it gets the one
+    # that compiles nothing, in this module's namespace only.
+    if name == _ASYNC_COMPILE and fromlist and level == 0:
+        return types.SimpleNamespace(AsyncCompile=_NoKernelCompile)
+    return builtins.__import__(name, globals, locals, fromlist, level)
+
+
+def _empty_strided(device: str) -> Callable[..., torch.Tensor]:
+    def empty_strided(size: Any, stride: Any, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty_strided(size, stride, dtype=dtype, device=device)
+
+    return empty_strided
+
+
+def _reinterpret_tensor(
+    tensor: torch.Tensor, size: Any, stride: Any, offset_increment: int = 0
+) -> torch.Tensor:
+    # An alias of tensor's storage that is not a view, as the C++ helper's
+    # (set_ to the tensor, not to its storage: trackers see one storage).
+    alias = torch.empty((0,), dtype=tensor.dtype, device=tensor.device).set_(tensor)
+    return alias.as_strided_(size, stride, tensor.storage_offset() + offset_increment)
+
+
+def load_without_kernels(
+    key: str,
+    path: str,
+    linemap: Optional[list[tuple[int, str]]] = None,
+    attrs: Optional[dict[str, Any]] = None,
+    **kwargs: Any,
+) -> types.ModuleType:
+    """
+    PyCodeCache.load_by_key_path for a wrapper run under a FakeTensorMode:
+    the module at path, with no kernel compiled and allocation helpers that
+    dispatch. See Note [Inductor's buffers in a fake call].
+    """
+    with open(path) as f:
+        code = compile(f.read(), path, "exec")
+    module = types.ModuleType(f"{__name__}.{key}")
+    module.__file__ = path
+    scope = module.__dict__
+    scope["__builtins__"] = {**builtins.__dict__, "__import__": _import}
+    exec(code, scope)
+    for name in list(scope):
+        if name.startswith("empty_strided_") and name != "empty_strided_p2p":
+            scope[name] = _empty_strided(name[len("empty_strided_") :].split("_")[0])
+    scope["reinterpret_tensor"] = _reinterpret_tensor
+    for name, value in (attrs or {}).items():
+        setattr(module, name, value)
+    return module
+
+
+class _Planning(threading.local):
+    active = False
+
+
+_planning = _Planning()
+
+
+def code_loader() -> Callable[..., Any]:
+    """How GraphLowering loads the wrapper module it generated."""
+    if _planning.active:
+        return load_without_kernels
+    from .codecache import PyCodeCache
+
+    return PyCodeCache.load_by_key_path
+
+
+@contextlib.contextmanager
+def _wrappers_without_kernels() -> Iterator[None]:
+    previous, _planning.active = _planning.active, True
+    try:
+        yield
+    finally:
+        _planning.active = previous
+
+
+def compile_fx_inner_without_kernels(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    run_under_fake_mode: Callable[[Sequence[Any]], Any],
+    **kwargs: Any,
+) -> Optional[Callable[[list[Any]], Any]]:
+    """
+    Inductor's inner compile for fake calls: compile_fx_inner, whose wrapper
+    module is loaded without kernels. Its calls run under
+    run_under_fake_mode(args), the FakeTensorMode of their inputs. None
+    where the compiled run's buffers are not the wrapper's (CUDA graphs).
+    """
+    from torch._inductor.utils import BoxedBool
+
+    from . import config
+    from .compile_fx import compile_fx_inner
+
+    if kwargs.get("cudagraphs") and any(
+        isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in example_inputs
+    ):
+        log.warning(
+            "A graph compiled for calls under a FakeTensorMode runs unlowered: "
+            "its buffers would live in a CUDA graph's memory pool"
+        )
+        return None
+    # What a fake compile cannot use: a cached artifact (loaded with its
+    # kernels), the C++ wrapper (it cannot run under a FakeTensorMode).
+    kwargs.update(cpp_wrapper=False, cudagraphs=BoxedBool(False))
+    with _wrappers_without_kernels(), config.patch(
+        fx_graph_cache=False, fx_graph_remote_cache=False, cpp_wrapper=False
+    ):
+        compiled = compile_fx_inner(gm, example_inputs, **kwargs)
+
+    def run(args: list[Any]) -> Any:
+        if _module_trackers_observe():
+            _warn_unattributed_once()
+        with run_under_fake_mode(args):
+            return compiled(args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+def _module_trackers_observe() -> bool:
+    # Trackers shown the compiled run (torch 2.13 on): see Note [Trackers
+    # see the compiled run of a fake call] in torch/_dynamo/fake_mode_trackers.py.
+    observed_graphs = sys.modules.get("torch._dynamo.fake_mode_observed_graphs")
+    return observed_graphs is not None and observed_graphs.runs_under_observers()
+
+
+@functools.cache
+def _warn_unattributed_once() -> None:
+    warnings.warn(
+        "Trackers shown a compiled call under a FakeTensorMode with "
+        "fake_mode_plans_inductor_buffers: Inductor's buffers count in the "
+        "module that calls the compiled code, not in the modules inside it"
+    )

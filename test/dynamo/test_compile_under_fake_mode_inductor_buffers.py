@@ -1,0 +1,227 @@
+# Owner(s): ["module: inductor"]
+"""
+With config.fake_mode_plans_inductor_buffers, a call under a user's
+FakeTensorMode compiled with Inductor runs Inductor's wrapper, lowered and
+scheduled as for the real run, with no kernel compiled: it allocates the
+buffers the real compiled run allocates. The real run's figures come from
+the CPU allocator's events under torch.profiler. See Note [Inductor's buffers
+in a fake call] in torch/_inductor/fake_mode_wrapper.py.
+"""
+
+import contextlib
+import unittest.mock
+
+import torch
+import torch._dynamo.test_case
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._inductor.async_compile import AsyncCompile
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.profiler import profile, ProfilerActivity
+
+
+try:
+    from .test_compile_under_fake_mode import CompileUnderFakeModeTestCase, meta_of
+except ImportError:
+    from test_compile_under_fake_mode import CompileUnderFakeModeTestCase, meta_of
+
+
+def real_peak(step):
+    """The peak, above what was allocated before, of the CPU allocator's
+    live bytes while step() runs."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted(
+        (event.start_ns(), event.nbytes())
+        for event in prof.profiler.kineto_results.events()
+        if event.name() == "[memory]"
+        and event.device_type() == torch.autograd.DeviceType.CPU
+    )
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def fake_peak(step, *external):
+    """The peak, above what it tracks before (external's parameters,
+    gradients and optimizer states), of MemTracker's total while step()
+    runs."""
+    tracker = MemTracker()
+    tracker.track_external(*external)
+    with tracker:
+        before = tracker.get_tracker_snapshot("current")
+        step()
+    peak = tracker.get_tracker_snapshot("peak")
+    return sum(
+        peak[device]["Total"] - before.get(device, {}).get("Total", 0)
+        for device in peak
+    )
+
+
+class MLP(nn.Module):
+    def __init__(self, dim=64, hidden=256):
+        super().__init__()
+        self.up = nn.Linear(dim, hidden)
+        self.down = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        # A pointwise chain Inductor fuses into one kernel.
+        return self.down(torch.tanh(F.gelu(self.up(x)) * 2 + 1))
+
+
+class Block(nn.Module):
+    """A Llama-style block: RMSNorm, causal attention, SwiGLU."""
+
+    def __init__(self, dim=64, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.attention_norm = nn.RMSNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+        self.ffn_norm = nn.RMSNorm(dim)
+        self.w13 = nn.Linear(dim, 8 * dim, bias=False)
+        self.w2 = nn.Linear(4 * dim, dim, bias=False)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = (
+            t.view(b, s, self.heads, -1).transpose(1, 2)
+            for t in self.qkv(self.attention_norm(x)).chunk(3, dim=-1)
+        )
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.wo(attn.transpose(1, 2).reshape(b, s, d))
+        gate, up = self.w13(self.ffn_norm(x)).chunk(2, dim=-1)
+        return x + self.w2(F.silu(gate) * up)
+
+
+class InductorBuffersTests(CompileUnderFakeModeTestCase):
+    def setUp(self):
+        super().setUp()
+        self._stack.enter_context(
+            torch._dynamo.config.patch(fake_mode_plans_inductor_buffers=True)
+        )
+
+    def peaks(self, make, step):
+        """step's peak in a real compiled run and in a fake one, each after
+        a first call, on what make() returns built on real and on fake
+        tensors."""
+        figures = []
+        for fake in (False, True):
+            torch._dynamo.reset()
+            with FakeTensorMode() if fake else contextlib.nullcontext():
+                torch.manual_seed(0)
+                model, *args = make()
+                compiled = torch.compile(model, backend="inductor")
+                step(compiled, *args)
+                run = lambda: step(compiled, *args)  # noqa: E731
+                figures.append(fake_peak(run, model) if fake else real_peak(run))
+        return figures
+
+    def test_no_grad_forward_allocates_what_the_real_run_does(self):
+        def step(model, x):
+            with torch.no_grad():
+                return model(x)
+
+        real, fake = self.peaks(lambda: (MLP(), torch.randn(512, 64)), step)
+        # One buffer for the fused chain, reused: 512x256 floats.
+        self.assertEqual(real, 512 * 256 * 4 + 512 * 64 * 4)
+        self.assertEqual(fake, real)
+
+    def test_forward_backward_allocates_what_the_real_run_does(self):
+        def step(model, x):
+            model(x).sum().backward()
+
+        real, fake = self.peaks(lambda: (MLP(), torch.randn(512, 64)), step)
+        self.assertEqual(fake, real)
+
+    def test_llama_style_blocks_forward_backward(self):
+        # Inductor's backward reuses the buffers of the activations the
+        # forward saved, as it frees them.
+        def step(model, x):
+            model(x).sum().backward()
+
+        real, fake = self.peaks(
+            lambda: (nn.Sequential(Block(), Block()), torch.randn(2, 32, 64)), step
+        )
+        self.assertEqual(fake, real)
+
+    def test_compiled_optimizer_step_allocates_what_the_real_run_does(self):
+        # Inductor updates the parameters and the optimizer's state in place.
+        def make():
+            model = MLP()
+            for p in model.parameters():
+                p.grad = torch.randn_like(p)
+            return model, torch.optim.AdamW(model.parameters())
+
+        figures = []
+        for fake in (False, True):
+            torch._dynamo.reset()
+            with FakeTensorMode() if fake else contextlib.nullcontext():
+                model, optimizer = make()
+                step = torch.compile(optimizer.step, backend="inductor")
+                step()
+                figures.append(
+                    fake_peak(step, model, optimizer) if fake else real_peak(step)
+                )
+        self.assertEqual(figures[1], figures[0])
+
+    def test_outputs_are_the_users_fake_tensors_with_the_real_metadata(self):
+        def fn(x, w):
+            y = (x @ w).relu()
+            return y.t(), y.sum(0)
+
+        args = (torch.randn(32, 16), torch.randn(16, 8))
+        real = torch.compile(fn, backend="inductor")(*args)
+        torch._dynamo.reset()
+        mode = FakeTensorMode()
+        # No kernel is compiled for the fake call.
+        with mode, unittest.mock.patch.object(
+            AsyncCompile, "cpp_pybinding", side_effect=AssertionError("compiled")
+        ):
+            fake = torch.compile(fn, backend="inductor")(
+                *(mode.from_tensor(a) for a in args)
+            )
+        for r, f in zip(real, fake):
+            self.assertIsInstance(f, FakeTensor)
+            self.assertIs(f.fake_mode, mode)
+            self.assertEqual(meta_of(f)[1:], meta_of(r)[1:])
+        self.assertEqual(self.inductor_compiles, 2)
+
+    def test_a_later_real_compile_compiles_its_kernels(self):
+        # The fake compile's wrapper module is a private one: the real
+        # compile of the same graph gets its own, with its kernels.
+        fn = lambda x: torch.sin(x) * 2 + x  # noqa: E731
+        with FakeTensorMode():
+            torch.compile(fn, backend="inductor")(torch.randn(8, 8))
+        x = torch.randn(8, 8)
+        self.assertEqual(torch.compile(fn, backend="inductor")(x), fn(x))
+
+    def test_mutated_input_version_is_the_real_runs(self):
+        @torch.library.custom_op("fake_mode_buffers::add_one_", mutates_args=("x",))
+        def add_one_(x: torch.Tensor) -> None:
+            x.add_(1)
+
+        @add_one_.register_fake
+        def _(x):
+            return None
+
+        def fn(x):
+            add_one_(x)
+            return x * 2
+
+        x = torch.randn(4)
+        torch.compile(fn, backend="inductor")(x)
+        torch._dynamo.reset()
+        with FakeTensorMode():
+            y = torch.randn(4)
+            torch.compile(fn, backend="inductor")(y)
+        self.assertEqual(y._version, x._version)
+
+
+if __name__ == "__main__":
+    from torch._dynamo.test_case import run_tests
+
+    run_tests()
