@@ -168,6 +168,72 @@ class InductorBuffersTests(CompileUnderFakeModeTestCase):
                 )
         self.assertEqual(figures[1], figures[0])
 
+    def test_dynamic_sizes_allocate_what_the_real_run_does(self):
+        def step(model, x):
+            with torch.no_grad():
+                return model(x)
+
+        def make():
+            x = torch.randn(512, 64)
+            torch._dynamo.mark_dynamic(x, 0)
+            return MLP(), x
+
+        real, fake = self.peaks(make, step)
+        self.assertEqual(fake, real)
+
+    def test_symbolic_sizes_of_the_users_shape_env(self):
+        # The wrapper's C++ size asserts cannot read symbolic sizes.
+        from torch.fx.experimental.symbolic_shapes import (
+            DimDynamic,
+            ShapeEnv,
+            StatelessSymbolicContext,
+        )
+
+        mode = FakeTensorMode(shape_env=ShapeEnv())
+        context = StatelessSymbolicContext(
+            dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC]
+        )
+        x = mode.from_tensor(torch.randn(16, 8), symbolic_context=context)
+        w = mode.from_tensor(torch.randn(8, 4))
+        with mode:
+            out = torch.compile(lambda x, w: (x @ w).relu().t() * 2, backend="inductor")(
+                x, w
+            )
+        self.assertEqual(out.shape, (4, x.shape[0]))
+        self.assertEqual(out.stride(), (1, 4))
+        self.assertEqual(self.inductor_compiles, 1)
+
+    def test_wrapper_that_reads_values_runs_unlowered(self):
+        # torch.cond's predicate is read with .item() by the wrapper.
+        def fn(x):
+            return torch.cond(x.sum() > 0, lambda x: x.sin(), lambda x: x.cos() + 1, (x,))
+
+        with self.assertLogs("torch._inductor.fake_mode_wrapper", "WARNING") as logs:
+            with FakeTensorMode():
+                out = torch.compile(fn, backend="inductor")(torch.randn(8, 8))
+        self.assertIn("reads the values of tensors", logs.output[0])
+        self.assertIsInstance(out, FakeTensor)
+        self.assertEqual(out.shape, (8, 8))
+
+    def test_reinterpreted_buffer_is_the_cpp_helpers_alias(self):
+        from torch._inductor.fake_mode_wrapper import _reinterpret_tensor
+
+        def flags(alias):
+            return alias.requires_grad, alias.is_inference(), alias._is_view(), alias.is_leaf
+
+        mode = FakeTensorMode()
+        real = nn.Parameter(torch.randn(4, 4))
+        with mode:
+            fake = nn.Parameter(torch.randn(4, 4))
+        for grad_mode in (torch.enable_grad, torch.no_grad, torch.inference_mode):
+            with grad_mode():
+                expected = torch._C._dynamo.guards._reinterpret_tensor(real, (2, 4), (1, 2), 1)
+                with mode:
+                    alias = _reinterpret_tensor(fake, (2, 4), (1, 2), 1)
+            self.assertEqual(flags(alias), flags(expected))
+            self.assertEqual(meta_of(alias)[1:4], meta_of(expected)[1:4])
+            self.assertEqual(alias.untyped_storage()._cdata, fake.untyped_storage()._cdata)
+
     def test_outputs_are_the_users_fake_tensors_with_the_real_metadata(self):
         def fn(x, w):
             y = (x @ w).relu()

@@ -44,12 +44,15 @@ log = logging.getLogger(__name__)
 #     not a view, as the C++ one), so the user's FakeTensorMode makes
 #     FakeTensors and trackers see each buffer.
 # What runs is Inductor's own plan: no copy of its memory planning.
-# The FX graph cache (whose artifact would be loaded with its kernels) and
-# the C++ wrapper (it cannot run on FakeTensors) are off for such a compile;
-# a graph whose buffers would live in a CUDA graph's pool runs unlowered.
-# Kernels Inductor benchmarks while compiling (max-autotune) are compiled and
-# run on real tensors of their own, as in a real compile. Trackers shown the
-# compiled run see each buffer, in the module that calls the compiled code.
+# The FX graph cache (whose artifact would be loaded with its kernels), the
+# C++ wrapper and CUDA graphs are off for such a compile. Where the wrapper
+# cannot run on FakeTensors the graph runs unlowered, with a warning: GPU
+# graphs (their wrapper reads input pointers and 0-dim CPU tensors' values),
+# max-autotune (it loads and benchmarks modules of its own), nan_asserts, an
+# out-of-process compile, a wrapper that reads values (torch.cond). A
+# compile whose wrapper did not load privately fails closed the same way.
+# Trackers shown the compiled run see each buffer, in the module that calls
+# the compiled code.
 
 
 class _NoKernel:
@@ -97,10 +100,27 @@ def _empty_strided(device: str) -> Callable[..., torch.Tensor]:
 def _reinterpret_tensor(
     tensor: torch.Tensor, size: Any, stride: Any, offset_increment: int = 0
 ) -> torch.Tensor:
-    # An alias of tensor's storage that is not a view, as the C++ helper's
-    # (set_ to the tensor, not to its storage: trackers see one storage).
-    alias = torch.empty((0,), dtype=tensor.dtype, device=tensor.device).set_(tensor)
-    return alias.as_strided_(size, stride, tensor.storage_offset() + offset_increment)
+    # An alias of tensor's storage that is not a view and that autograd does
+    # not record, as the C++ helper's (set_ to the tensor, not to its
+    # storage: trackers see one storage).
+    inference = tensor.is_inference() or torch.is_inference_mode_enabled()
+    with torch.inference_mode(inference), torch.no_grad():
+        alias = torch.empty((0,), dtype=tensor.dtype, device=tensor.device)
+        alias.set_(tensor)
+        return alias.as_strided_(size, stride, tensor.storage_offset() + offset_increment)
+
+
+def _unchecked(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+class _Planning(threading.local):
+    active = False
+    # Why the wrapper loaded in this compile cannot run on FakeTensors.
+    unusable: Optional[str] = None
+
+
+_planning = _Planning()
 
 
 def load_without_kernels(
@@ -116,26 +136,28 @@ def load_without_kernels(
     dispatch. See Note [Inductor's buffers in a fake call].
     """
     with open(path) as f:
-        code = compile(f.read(), path, "exec")
+        source = f.read()
+    if ".item()" in source:
+        # The wrapper reads a tensor's value (a torch.cond predicate).
+        _planning.unusable = "its wrapper reads the values of tensors"
     module = types.ModuleType(f"{__name__}.{key}")
     module.__file__ = path
+    module.key = key  # type: ignore[attr-defined]
     scope = module.__dict__
     scope["__builtins__"] = {**builtins.__dict__, "__import__": _import}
-    exec(code, scope)
-    for name in list(scope):
+    exec(compile(source, path, "exec", dont_inherit=True), scope)
+    guards = torch._C._dynamo.guards
+    for name, value in list(scope.items()):
         if name.startswith("empty_strided_") and name != "empty_strided_p2p":
             scope[name] = _empty_strided(name[len("empty_strided_") :].split("_")[0])
+        elif name.startswith("assert_") and value is getattr(guards, name, None):
+            # C++ checks of the extern kernels' outputs, which read sizes
+            # a ShapeEnv's FakeTensors hold as symbols.
+            scope[name] = _unchecked
     scope["reinterpret_tensor"] = _reinterpret_tensor
     for name, value in (attrs or {}).items():
         setattr(module, name, value)
     return module
-
-
-class _Planning(threading.local):
-    active = False
-
-
-_planning = _Planning()
 
 
 def code_loader() -> Callable[..., Any]:
@@ -149,11 +171,43 @@ def code_loader() -> Callable[..., Any]:
 
 @contextlib.contextmanager
 def _wrappers_without_kernels() -> Iterator[None]:
-    previous, _planning.active = _planning.active, True
+    previous = _planning.active, _planning.unusable
+    _planning.active, _planning.unusable = True, None
     try:
         yield
     finally:
-        _planning.active = previous
+        _planning.active, _planning.unusable = previous
+
+
+def _why_not_planned(example_inputs: Sequence[Any]) -> Optional[str]:
+    from . import compile_fx, config
+
+    if any(
+        isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in example_inputs
+    ):
+        # A GPU wrapper reads its inputs' pointers (realignment) and values
+        # (0-dim CPU tensors), and Triton kernels precompile while it is
+        # generated.
+        return "Inductor's buffers are planned for CPU graphs only"
+    if config.max_autotune or config.max_autotune_gemm or config.max_autotune_pointwise:
+        # Autotuning loads and benchmarks modules of its own.
+        return "max-autotune benchmarks what it compiles"
+    if config.nan_asserts:
+        return "nan_asserts reads the buffers' values"
+    mode = getattr(compile_fx, "fx_compile_mode", None)
+    if (
+        (mode is not None and mode.name != "NORMAL")
+        or getattr(compile_fx, "fx_compile_async", False)
+        or getattr(compile_fx, "fx_compile_progressive", False)
+    ):
+        return "an out-of-process compile loads the wrapper with its kernels"
+    return None
+
+
+def _loaded_without_kernels(compiled: Any) -> bool:
+    call = getattr(compiled, "current_callable", None)
+    scope = getattr(getattr(call, "__func__", call), "__globals__", {})
+    return scope.get("__name__", "").startswith(f"{__name__}.")
 
 
 def compile_fx_inner_without_kernels(
@@ -166,28 +220,34 @@ def compile_fx_inner_without_kernels(
     Inductor's inner compile for fake calls: compile_fx_inner, whose wrapper
     module is loaded without kernels. Its calls run under
     run_under_fake_mode(args), the FakeTensorMode of their inputs. None
-    where the compiled run's buffers are not the wrapper's (CUDA graphs).
+    (with a warning) where that wrapper cannot run on FakeTensors: the graph
+    then runs unlowered.
     """
     from torch._inductor.utils import BoxedBool
 
     from . import config
     from .compile_fx import compile_fx_inner
 
-    if kwargs.get("cudagraphs") and any(
-        isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in example_inputs
-    ):
+    why = _why_not_planned(example_inputs)
+    if why is None:
+        # What a fake compile cannot use: a cached artifact (loaded with its
+        # kernels), the C++ wrapper (it cannot run under a FakeTensorMode),
+        # CUDA graphs.
+        kwargs.update(cpp_wrapper=False, cudagraphs=BoxedBool(False))
+        with _wrappers_without_kernels(), config.patch(
+            fx_graph_cache=False, fx_graph_remote_cache=False, cpp_wrapper=False
+        ):
+            compiled = compile_fx_inner(gm, example_inputs, **kwargs)
+            why = _planning.unusable
+        if why is None and not _loaded_without_kernels(compiled):
+            why = "its wrapper was loaded with its kernels"
+    if why is not None:
         log.warning(
-            "A graph compiled for calls under a FakeTensorMode runs unlowered: "
-            "its buffers would live in a CUDA graph's memory pool"
+            "A graph compiled for calls under a FakeTensorMode runs unlowered, "
+            "not as Inductor's wrapper: %s",
+            why,
         )
         return None
-    # What a fake compile cannot use: a cached artifact (loaded with its
-    # kernels), the C++ wrapper (it cannot run under a FakeTensorMode).
-    kwargs.update(cpp_wrapper=False, cudagraphs=BoxedBool(False))
-    with _wrappers_without_kernels(), config.patch(
-        fx_graph_cache=False, fx_graph_remote_cache=False, cpp_wrapper=False
-    ):
-        compiled = compile_fx_inner(gm, example_inputs, **kwargs)
 
     def run(args: list[Any]) -> Any:
         if _module_trackers_observe():
