@@ -84,7 +84,8 @@ def test_every_folder_but_the_default_oldest_first(tmp_path):
         "test/dynamo/test_compile_under_fake_mode_replay.py "
         "test/dynamo/test_compile_under_fake_mode_trackers.py "
         "test/dynamo/test_compile_under_fake_mode_memory_estimation.py "
-        "test/dynamo/test_compile_under_fake_mode_optimizer.py test/dynamo/test_compile_under_fake_mode_regions.py",
+        "test/dynamo/test_compile_under_fake_mode_optimizer.py test/dynamo/test_compile_under_fake_mode_regions.py "
+        "test/dynamo/test_compile_under_fake_mode_inductor_buffers.py",
         f"  7 cleanup  rm -rf {out / 'venv-2.9.1'}",
     ]
     # PIP_CONSTRAINT is set for the install step only (one line per release)
