@@ -82,7 +82,13 @@ class _NoKernelCompile:
 _ASYNC_COMPILE = "torch._inductor.async_compile"
 
 
-def _import(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+def _import(
+    name: str,
+    globals: Any = None,
+    locals: Any = None,
+    fromlist: Any = (),
+    level: int = 0,
+) -> Any:
     # The wrapper imports AsyncCompile from its module: it gets the one
     # that compiles nothing, in this module's namespace only.
     if name == _ASYNC_COMPILE and fromlist and level == 0:
@@ -107,7 +113,8 @@ def _reinterpret_tensor(
     with torch.inference_mode(inference), torch.no_grad():
         alias = torch.empty((0,), dtype=tensor.dtype, device=tensor.device)
         alias.set_(tensor)
-        return alias.as_strided_(size, stride, tensor.storage_offset() + offset_increment)
+        offset = tensor.storage_offset() + offset_increment
+        return alias.as_strided_(size, stride, offset)
 
 
 def _unchecked(*args: Any, **kwargs: Any) -> None:
