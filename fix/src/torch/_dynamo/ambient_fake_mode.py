@@ -157,9 +157,10 @@ __all__ = [
 class _AmbientFakeModeState(threading.local):
     """
     Set by CatchErrorsWrapper while it compiles a frame (captured): whether
-    the frame may be compiled for fake calls at all, the user's FakeTensorMode the frame was
-    called under (captured before the ambient modes are disabled for
-    compilation), and whether a guard_filter_fn will filter the frame's guards.
+    the frame may be compiled for fake calls at all, the user's
+    FakeTensorMode the frame was called under (captured before the ambient
+    modes are disabled for compilation), and whether a guard_filter_fn will
+    filter the frame's guards.
     Entry points that do not go through it (export, aot_compile) leave them
     unset.
     """
