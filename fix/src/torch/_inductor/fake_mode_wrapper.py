@@ -8,7 +8,6 @@ compiled. See Note [Inductor's buffers in a fake call].
 
 import builtins
 import contextlib
-import functools
 import logging
 import sys
 import threading
@@ -258,7 +257,8 @@ def compile_fx_inner_without_kernels(
 
     def run(args: list[Any]) -> Any:
         if _module_trackers_observe():
-            _warn_unattributed_once()
+            # Once per place, as the default warning filter shows it.
+            warnings.warn(_UNATTRIBUTED, stacklevel=2)
         with run_under_fake_mode(args):
             return compiled(args)
 
@@ -273,10 +273,8 @@ def _module_trackers_observe() -> bool:
     return observed_graphs is not None and observed_graphs.runs_under_observers()
 
 
-@functools.cache
-def _warn_unattributed_once() -> None:
-    warnings.warn(
-        "Trackers shown a compiled call under a FakeTensorMode with "
-        "fake_mode_plans_inductor_buffers: Inductor's buffers count in the "
-        "module that calls the compiled code, not in the modules inside it"
-    )
+_UNATTRIBUTED = (
+    "Trackers shown a compiled call under a FakeTensorMode with "
+    "fake_mode_plans_inductor_buffers: Inductor's buffers count in the "
+    "module that calls the compiled code, not in the modules inside it"
+)
