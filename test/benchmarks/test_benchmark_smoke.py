@@ -214,7 +214,7 @@ def test_inductor_memory_smoke():
     check = "import torch._dynamo.config as c; print(hasattr(c, 'fake_mode_plans_inductor_buffers'))"
     if subprocess.run([sys.executable, "-c", check], capture_output=True, text=True).stdout.strip() != "True":
         pytest.skip("torch without fake_mode_plans_inductor_buffers")
-    proc = subprocess.run([sys.executable, script, "--cases", "mlp_no_grad", "--scale", "0.05"],
+    proc = subprocess.run([sys.executable, script, "--cases", "mlp_no_grad", "--scale", "0.05", "--report"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("| MLP")]
@@ -223,3 +223,6 @@ def test_inductor_memory_smoke():
     assert len(cells) == 8, cells
     real_inductor, planned = cells[4], cells[6]
     assert planned == f"{real_inductor} (1.00x)", cells
+    # --report: the forward graph's planned peak, its buffers with their modules.
+    assert " forward: planned peak" in proc.stdout, proc.stdout
+    assert any(ln.split()[-1] == "down" for ln in proc.stdout.splitlines() if "MiB" in ln), proc.stdout

@@ -418,6 +418,20 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
         self.assertEqual(set(counter.get_flop_counts()), {"Global", "Linear"})
 
     @needs_trackers_patch
+    @parametrize("backend", ["aot_eager", "inductor"])
+    def test_compiled_builtin_container_is_entered_once(self, backend):
+        # Dynamo traces the call of a module whose frames it skips
+        # (nn.Sequential): its graphs name the module that the compiled call
+        # entered already, as its hooks do in eager. MemTracker refuses a
+        # module entered twice.
+        with FakeTensorMode():
+            x = torch.randn(4, 16, requires_grad=True)
+            eager_model, model = (torch.nn.Sequential(MLP(), MLP()) for _ in range(2))
+            eager = tracked("MemTracker", eager_model, train_step(eager_model, eager_model, x))
+            fn = torch.compile(model, backend=backend)
+            self.assertEqual(tracked("MemTracker", model, train_step(model, fn, x)), eager)
+
+    @needs_trackers_patch
     def test_hooks_removed_during_the_call_stay_removed(self):
         # A hook that removes itself when it fires (as a lazy module's
         # initialization hook does) fires once, and never again in later

@@ -26,6 +26,8 @@ class _ObservedCalls(threading.local):
     def __init__(self) -> None:
         # The forward graph calls running on this thread (see _GraphCall).
         self.graph_calls: list["_GraphCall"] = []
+        # The compiled modules the calls entered themselves (call_observed).
+        self.entered_modules: list[Any] = []
 
 
 _observed = _ObservedCalls()
@@ -125,6 +127,10 @@ class _GraphCall:
         self.parameters: dict[int, Any] = {}
         for key, path in paths.items():
             module = _resolve(path, scope)
+            if module is not None and any(module is m for m in _observed.entered_modules):
+                # Dynamo traced its call (a module it skips, compiled in
+                # place): it entered where the call did, as in eager.
+                continue
             if module is None:
                 _warn_once(
                     f"Trackers shown a compiled call under a FakeTensorMode: the "

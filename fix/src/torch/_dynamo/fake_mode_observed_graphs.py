@@ -82,6 +82,32 @@ class _CompileOnlyHops(_python_dispatch.TorchDispatchMode):
             return kernel(*args, **(kwargs or {}))
 
 
+def _calls_pointwise_prim(node: fx.Node) -> bool:
+    """
+    Whether node calls a pointwise prim (prims.fma, Dynamo's addcmul_):
+    the kernel the real run calls checks its meta function, which allocates
+    its output, then runs its reference implementation in ATen ops, which
+    allocate their own; a FakeTensor runs the meta function only.
+    """
+    target = node.target
+    return (
+        node.op == "call_function"
+        and isinstance(target, torch._ops.OpOverload)
+        and target.namespace == "prims"
+        and torch.Tag.pointwise in target.tags
+        and torch._C._dispatch_has_kernel_for_dispatch_key(
+            target.name(), torch._C.DispatchKey.CompositeExplicitAutograd
+        )
+    )
+
+
+def _call_prims_kernel(prim: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    # Its CompositeExplicitAutograd kernel, reached from a backend key.
+    return prim.redispatch(
+        torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), *args, **kwargs
+    )
+
+
 def module_stacks(gm: fx.GraphModule) -> dict[str, Optional[dict[str, Any]]]:
     """Each node's module stack, by name (see _module_stack)."""
     return {node.name: _module_stack(node) for node in gm.graph.nodes}
@@ -107,8 +133,8 @@ def graph_for_observers(
     A copy of gm shown to trackers: it crosses module boundaries where its
     nodes' module stacks change (stacks: by node name, else the nodes'
     metadata), and the higher-order ops only compiled graphs call (in gm and
-    the subgraphs it calls) call their kernels instead. None when gm has
-    neither. See Note [Trackers see the compiled run of a fake call]. Graphs
+    the subgraphs it calls) and pointwise prims call their kernels instead,
+    as the real run does. None when gm has none of them. See Note [Trackers see the compiled run of a fake call]. Graphs
     are copied; tensors and other attributes are shared.
     """
     kernels = _kernels_of_compile_only_hops()
@@ -149,13 +175,20 @@ def graph_for_observers(
         if crosses and stacks is None:
             _add_gradient_bookings(graph)
         observed = None
-        if crosses or subgraphs or any(map(calls_compile_only_hop, graph.nodes)):
+        if (
+            crosses
+            or subgraphs
+            or any(calls_compile_only_hop(n) or _calls_pointwise_prim(n) for n in graph.nodes)
+        ):
             observed = fx.GraphModule(module, graph)
             for target, sub in subgraphs.items():
                 observed.add_submodule(target, sub)
             for node in filter(calls_compile_only_hop, observed.graph.nodes):
                 node.args = (node.target.name(), *node.args)
                 node.target = _call_kernel
+            for node in filter(_calls_pointwise_prim, observed.graph.nodes):
+                node.args = (node.target, *node.args)
+                node.target = _call_prims_kernel
             observed.recompile()
         copies[id(module)] = observed
         return observed

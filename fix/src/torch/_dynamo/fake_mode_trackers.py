@@ -95,7 +95,9 @@ def frames_run_eagerly_under_modes() -> bool:
 # that mutate inputs, with_effects for effectful ops); trackers have no rule
 # for them, so graphs shown to trackers call those ops' own implementation
 # (their CompositeExplicitAutograd kernel) and the trackers see the ops
-# inside. Other modes (which may change what ops return, or whose module
+# inside. So do pointwise prims (Dynamo writes addcmul_ as prims.fma): the
+# real run's kernel runs the prim's reference implementation, whose
+# temporaries a FakeTensor's meta function does not make. Other modes (which may change what ops return, or whose module
 # tracking this code does not drive: CommDebugMode's backward hooks), global
 # backward hooks, global forward hooks that are not a module tracker's, calls
 # that compile nothing (set_stance("force_eager")) and calls without a user's
@@ -256,10 +258,12 @@ def call_observed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     for tracker in trackers:
         _enter(tracker, module, False, hooks, args)
     _observed.depth += 1
+    _observed.entered_modules.append(module if trackers else None)
     try:
         result = fn(*args, **kwargs)
     finally:
         _observed.depth -= 1
+        _observed.entered_modules.pop()
     outputs = tuple(pytree.tree_leaves(result))
     for tracker in reversed(trackers):
         _leave(tracker, module, False, hooks, outputs)

@@ -6,6 +6,7 @@ wrapper Inductor generates runs under the user's mode with no kernel
 compiled. See Note [Inductor's buffers in a fake call].
 """
 
+import ast
 import builtins
 import contextlib
 import logging
@@ -50,8 +51,14 @@ log = logging.getLogger(__name__)
 # max-autotune (it loads and benchmarks modules of its own), nan_asserts, an
 # out-of-process compile, a wrapper that reads values (torch.cond). A
 # compile whose wrapper did not load privately fails closed the same way.
-# Trackers shown the compiled run see each buffer, in the module that calls
-# the compiled code.
+# Trackers shown the compiled run (the trackers patch, torch 2.13 on) see
+# each buffer in the module whose op made it: the wrapper crosses module
+# boundaries as the graphs shown to them do (see Note [Trackers see the
+# compiled run of a fake call] in torch/_dynamo/fake_mode_trackers.py), at
+# the statements that allocate or write a buffer, by the module stack of the
+# FX node the buffer holds the value of (its origin node); and
+# planned_peaks() reports each graph's peak in the plan (see
+# fake_mode_wrapper_instrumentation.py, which adds those statements).
 
 
 class _NoKernel:
@@ -151,7 +158,12 @@ def load_without_kernels(
     module.key = key  # type: ignore[attr-defined]
     scope = module.__dict__
     scope["__builtins__"] = {**builtins.__dict__, "__import__": _import}
-    exec(compile(source, path, "exec", dont_inherit=True), scope)
+    tree = ast.parse(source, path)
+    from .fake_mode_wrapper_instrumentation import instrument
+    from .virtualized import V
+
+    scope["_fake_mode_attributed"] = instrument(tree, V.graph, scope)
+    exec(compile(tree, path, "exec", dont_inherit=True), scope)
     guards = torch._C._dynamo.guards
     for name, value in list(scope.items()):
         if name.startswith("empty_strided_") and name != "empty_strided_p2p":
@@ -210,10 +222,13 @@ def _why_not_planned(example_inputs: Sequence[Any]) -> Optional[str]:
     return None
 
 
-def _loaded_without_kernels(compiled: Any) -> bool:
+def _wrapper_scope(compiled: Any) -> dict[str, Any]:
     call = getattr(compiled, "current_callable", None)
-    scope = getattr(getattr(call, "__func__", call), "__globals__", {})
-    return scope.get("__name__", "").startswith(f"{__name__}.")
+    return getattr(getattr(call, "__func__", call), "__globals__", {})
+
+
+def _loaded_without_kernels(compiled: Any) -> bool:
+    return _wrapper_scope(compiled).get("__name__", "").startswith(f"{__name__}.")
 
 
 def compile_fx_inner_without_kernels(
@@ -255,8 +270,10 @@ def compile_fx_inner_without_kernels(
         )
         return None
 
+    attributed = _wrapper_scope(compiled).get("_fake_mode_attributed", False)
+
     def run(args: list[Any]) -> Any:
-        if _module_trackers_observe():
+        if not attributed and _module_trackers_observe():
             # Once per place, as the default warning filter shows it.
             warnings.warn(_UNATTRIBUTED, stacklevel=2)
         with run_under_fake_mode(args):
@@ -275,6 +292,6 @@ def _module_trackers_observe() -> bool:
 
 _UNATTRIBUTED = (
     "Trackers shown a compiled call under a FakeTensorMode with "
-    "fake_mode_plans_inductor_buffers: Inductor's buffers count in the "
-    "module that calls the compiled code, not in the modules inside it"
+    "fake_mode_plans_inductor_buffers: Inductor's wrapper could not be "
+    "attributed to modules, its buffers count in the module that calls it"
 )

@@ -1,0 +1,330 @@
+"""
+What the `call` of a wrapper Inductor generated runs besides its own
+statements when it runs under a user's FakeTensorMode (see Note [Inductor's
+buffers in a fake call] in fake_mode_wrapper.py), added when it is loaded:
+  - for trackers shown the compiled run (the trackers patch, torch 2.13 on),
+    module boundaries and gradient bookings, as the graphs shown to them
+    have (see Note [Trackers see the compiled run of a fake call] in
+    torch/_dynamo/fake_mode_trackers.py);
+  - for planned_peaks(), after each allocation, the buffers alive.
+"""
+
+import ast
+import contextlib
+import dataclasses
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any, Optional
+
+import torch
+from torch.utils import _pytree as pytree
+
+
+@dataclasses.dataclass
+class PlannedBuffer:
+    name: str
+    nbytes: int
+    # The path of the module whose op made it, as its FX node's module stack
+    # names it ("" outside any module or where the node does not say).
+    module: str
+
+
+@dataclasses.dataclass
+class GraphPeak:
+    """One run of a compiled graph under a FakeTensorMode: the most bytes
+    its own buffers (not its inputs) held at once, and those buffers."""
+
+    graph: str
+    peak: int
+    buffers: list[PlannedBuffer]
+
+
+class PlannedPeaks(list[GraphPeak]):
+    def __str__(self) -> str:
+        lines = []
+        for run in self:
+            lines.append(f"{run.graph}: planned peak {run.peak / 2**20:.1f} MiB")
+            for buffer in sorted(run.buffers, key=lambda b: -b.nbytes):
+                where = buffer.module or "-"
+                lines.append(f"  {buffer.name:>8} {buffer.nbytes / 2**20:9.2f} MiB  {where}")
+        return "\n".join(lines)
+
+
+class _Collecting(threading.local):
+    peaks: Optional[PlannedPeaks] = None
+
+
+_collecting = _Collecting()
+
+
+@contextlib.contextmanager
+def planned_peaks() -> Iterator[PlannedPeaks]:
+    """
+    Collects, on this thread, a GraphPeak for each run of a graph that
+    Inductor planned for a call under a FakeTensorMode (with
+    torch._dynamo.config.fake_mode_plans_inductor_buffers): the peak of its
+    buffers in Inductor's plan, the buffers alive at it and the modules
+    whose ops made them.
+    """
+    previous = _collecting.peaks
+    _collecting.peaks = peaks = PlannedPeaks()
+    try:
+        yield peaks
+    finally:
+        _collecting.peaks = previous
+
+
+def _storages(values: Any) -> dict[int, int]:
+    """The bytes of the storages of the tensors in values, by storage."""
+    storages = {}
+    for value in pytree.tree_leaves(values):
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            nbytes = storage.nbytes()
+            if isinstance(nbytes, torch.SymInt):
+                # A user's ShapeEnv: its hint, not a guard.
+                nbytes = nbytes.node.hint or 0
+            storages[storage._cdata] = nbytes
+    return storages
+
+
+class _Run:
+    """The buffers of one run of a graph, noted after each allocation."""
+
+    def __init__(self, graph: str, modules: dict[str, str], inputs: Any) -> None:
+        self.graph = graph
+        self.modules = modules
+        self.inputs = _storages(inputs)
+        self.peak = -1
+        self.buffers: list[PlannedBuffer] = []
+
+    def note(self, names: tuple[str, ...], values: tuple[Any, ...]) -> None:
+        seen = set(self.inputs)
+        alive = []
+        for name, value in zip(names, values):
+            storages = {k: n for k, n in _storages(value).items() if k not in seen}
+            seen.update(storages)
+            if storages:
+                alive.append(PlannedBuffer(name, sum(storages.values()), self.modules.get(name, "")))
+        total = sum(b.nbytes for b in alive)
+        if total > self.peak:
+            self.peak, self.buffers = total, alive
+
+    def done(self) -> None:
+        if _collecting.peaks is not None:
+            _collecting.peaks.append(GraphPeak(self.graph, max(self.peak, 0), self.buffers))
+
+
+def _begin(graph: str, modules: dict[str, str], inputs: Any) -> Optional[_Run]:
+    return _Run(graph, modules, inputs) if _collecting.peaks is not None else None
+
+
+def _module_path(stack: Optional[dict[str, Any]]) -> str:
+    """The innermost module's path in a module stack, from the compiled
+    frame's root (L['self'].layers[0] -> layers[0])."""
+    if not stack:
+        return ""
+    path, _ = list(stack.values())[-1]
+    return re.sub(r"^[LG]\[(['\"]).+?\1\]\.?", "", path)
+
+
+def _buffer_module_stacks(graph: Any) -> dict[str, Optional[dict[str, Any]]]:
+    """
+    The module stack of each buffer of the graph being lowered, by name: its
+    origin node's, else its last origin's (see _module_stack in
+    torch/_dynamo/fake_mode_observed_graphs.py, if the series has it).
+    """
+    try:
+        from torch._dynamo.fake_mode_observed_graphs import _module_stack
+    except ImportError:
+
+        def _module_stack(node: torch.fx.Node) -> Optional[dict[str, Any]]:
+            return node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
+
+    order = {node: i for i, node in enumerate(graph.graph.nodes)}
+    stacks = {}
+    for name, buffer in graph.name_to_buffer.items():
+        node = getattr(buffer, "origin_node", None)
+        if node is None:
+            origins = sorted(getattr(buffer, "origins", ()), key=lambda n: order.get(n, -1))
+            node = origins[-1] if origins else None
+        stacks[name] = _module_stack(node) if node is not None else None
+    return stacks
+
+
+def _written_buffer(statement: ast.stmt) -> Optional[str]:
+    """The buffer a statement of the wrapper's call allocates, aliases or
+    writes: `bufN = ...`, `kernel(..., out=bufN)`."""
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+        target = statement.targets[0]
+        return target.id if isinstance(target, ast.Name) else None
+    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+        for keyword in statement.value.keywords:
+            if keyword.arg == "out" and isinstance(keyword.value, ast.Name):
+                return keyword.value.id
+    return None
+
+
+def _allocates(statement: ast.stmt) -> bool:
+    """`bufN = empty_strided_cpu(...)`, `bufN = torch.ops.aten.op(...)`: not
+    an alias (`bufN = bufM`, reinterpret_tensor, `bufM[0]`)."""
+    if not (isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Call)):
+        return False
+    func = statement.value.func
+    return not (isinstance(func, ast.Name) and func.id == "reinterpret_tensor")
+
+
+def _names(node: ast.AST, context: type) -> list[str]:
+    return [n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, context)]
+
+
+def _values(names: Any) -> str:
+    return "(" + "".join(f"{name}, " for name in dict.fromkeys(names)) + ")"
+
+
+class _Call:
+    """The statements of a wrapper's call, with where each name is defined,
+    read and deleted."""
+
+    def __init__(self, call: ast.FunctionDef) -> None:
+        self.body = call.body
+        # The graph's inputs: `primals_1, ... = args`.
+        self.unpack = next(
+            (
+                i
+                for i, s in enumerate(self.body)
+                if isinstance(s, ast.Assign)
+                and isinstance(s.value, ast.Name)
+                and s.value.id == "args"
+            ),
+            -1,
+        )
+        self.inputs = _names(self.body[self.unpack].targets[0], ast.Store) if self.unpack >= 0 else []
+        self.defined = dict.fromkeys(self.inputs, self.unpack)
+        for i, statement in enumerate(self.body):
+            for name in _names(statement, ast.Store):
+                self.defined.setdefault(name, i)
+        self.loads = [_names(statement, ast.Load) for statement in self.body]
+        self.deletes = [_names(statement, ast.Del) for statement in self.body]
+
+    def used_from_before(self, start: int, end: int) -> list[str]:
+        return [n for i in range(start, end) for n in self.loads[i] if self.defined.get(n, i) < start]
+
+    def used_after(self, start: int, end: int) -> list[str]:
+        later = {n for i in range(end, len(self.body)) for n in self.loads[i]}
+        return [n for n, i in self.defined.items() if start <= i < end and n in later]
+
+    def alive(self) -> Iterator[tuple[int, list[str]]]:
+        """After each statement, the names it and those before defined (but
+        the inputs) and did not delete."""
+        alive: dict[str, None] = {}
+        for i, statement in enumerate(self.body):
+            alive.update((n, None) for n in _names(statement, ast.Store) if i > self.unpack)
+            for name in self.deletes[i]:
+                alive.pop(name, None)
+            yield i, list(alive)
+
+
+def _module_boundaries(call: _Call, stacks: dict[str, Optional[dict[str, Any]]]) -> dict[int, list[str]]:
+    """
+    The statements that cross module boundaries before the statements of
+    call that name a buffer (see _written_buffer) and before its return, as
+    _add_module_boundaries in torch/_dynamo/fake_mode_observed_graphs.py
+    makes them before a graph's nodes, and that book the gradients of a
+    backward graph as _add_gradient_bookings does.
+    """
+    backward_graph = any(name.startswith("tangents") for name in call.inputs)
+    crossings: list[tuple[int, list[tuple[str, int]], list[str]]] = []
+    entered: list[tuple[str, int]] = []
+    for i, statement in enumerate(call.body):
+        if isinstance(statement, ast.Return):
+            keys: list[str] = []
+        elif (stack := stacks.get(_written_buffer(statement) or "")) is not None:
+            keys = list(stack)
+        else:
+            continue
+        common = 0
+        while common < min(len(entered), len(keys)) and entered[common][0] == keys[common]:
+            common += 1
+        if common == len(entered) == len(keys):
+            continue
+        crossings.append((i, list(reversed(entered[common:])), keys[common:]))
+        entered = entered[:common] + [(key, i) for key in keys[common:]]
+    added: dict[int, list[str]] = {}
+    if not crossings:
+        return added
+    ends = {region: i for i, left, _ in crossings for region in left}
+    for i, left, keys in crossings:
+        left_values = "".join(f"({k!r}, {_values(call.used_after(s, i))}), " for k, s in left)
+        entered_values = "".join(
+            f"({k!r}, {_values(call.used_from_before(i, ends.get((k, i), i)))}), " for k in keys
+        )
+        added.setdefault(i, []).append(
+            f"_cross_module_boundary(({left_values}), ({entered_values}), {backward_graph})"
+        )
+    after = lambda i: added.setdefault(i + 1, [])  # noqa: E731
+    if not backward_graph and call.unpack >= 0:
+        after(call.unpack).insert(0, f"_forward_inputs(*{_values(call.inputs)})")
+    returns = [s for s in call.body if isinstance(s, ast.Return) and isinstance(s.value, ast.Tuple)]
+    if backward_graph and returns:
+        grads = returns[-1].value.elts  # type: ignore[union-attr]
+        for index, grad in enumerate(grads):
+            if not (isinstance(grad, ast.Constant) and grad.value is None):
+                made = max((call.defined.get(n, call.unpack) for n in _names(grad, ast.Load)), default=call.unpack)
+                after(made).insert(0, f"_gradient_of_input({index}, {len(grads)}, {ast.unparse(grad)})")
+    return added
+
+
+def instrument(tree: ast.Module, graph: Any, scope: dict[str, Any]) -> bool:
+    """
+    Adds to the call in tree, the wrapper module of graph (a GraphLowering),
+    the statements this module's docstring says, and what they call to
+    scope. Whether trackers see its buffers in their modules.
+    """
+    function = next(
+        (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "call"),
+        None,
+    )
+    if function is None or not hasattr(graph, "name_to_buffer"):
+        return False
+    call = _Call(function)
+    stacks = _buffer_module_stacks(graph)
+    try:
+        from torch._dynamo import fake_mode_attribution as attribution
+    except ImportError:
+        added, attributed = {}, False
+    else:
+        added, attributed = _module_boundaries(call, stacks), True
+        for name in ("_cross_module_boundary", "_forward_inputs", "_gradient_of_input"):
+            scope[name] = getattr(attribution, name)
+    # The planned peak: the buffers alive after each allocation.
+    compile_id = torch._guards.CompileContext.current_compile_id()
+    kind = "backward" if any(n.startswith("tangents") for n in call.inputs) else "forward"
+    modules = {name: _module_path(stack) for name, stack in stacks.items()}
+    graph_name = f"{compile_id} {kind}"
+    added.setdefault(call.unpack + 1, []).insert(
+        0, f"_fake_mode_run = _fake_mode_begin({graph_name!r}, _fake_mode_modules, {_values(call.inputs)})"
+    )
+    for i, alive in call.alive():
+        statement = call.body[i]
+        if _allocates(statement):
+            added.setdefault(i + 1, []).append(
+                f"if _fake_mode_run is not None: _fake_mode_run.note({tuple(alive)!r}, {_values(alive)})"
+            )
+        elif isinstance(statement, ast.Return):
+            added.setdefault(i, []).append("if _fake_mode_run is not None: _fake_mode_run.done()")
+    scope.update(_fake_mode_begin=_begin, _fake_mode_modules=modules)
+    body = []
+    for i, statement in enumerate([*call.body, None]):
+        for source in added.get(i, ()):
+            (new,) = ast.parse(source).body
+            for node in ast.walk(new):
+                if "lineno" in node._attributes:
+                    # Where the wrapper's call starts.
+                    node.lineno = node.end_lineno = function.lineno  # type: ignore[attr-defined]
+            body.append(new)
+        if statement is not None:
+            body.append(statement)
+    function.body = body
+    return attributed
