@@ -14,6 +14,11 @@ never passes or fails. Run it on a quiet machine, with the patched torch:
 
     python benchmarks/inductor_memory.py                 # every case, the issue's sizes
     python benchmarks/inductor_memory.py --cases mlp_no_grad --scale 0.25   # a smoke run
+    python benchmarks/inductor_memory.py --report        # and each planned graph's peak, buffers
+
+--report prints, after the table, what planned_peaks() (torch/_inductor/
+fake_mode_wrapper_instrumentation.py) reports for each case's planned fake step: per compiled
+graph, the peak of Inductor's buffers, the buffers alive at it and the modules whose ops made them.
 """
 
 from __future__ import annotations
@@ -114,8 +119,8 @@ COLUMNS = [
 ]
 
 
-def measure(make, backend: str | None, fake: bool, plans: bool) -> tuple[int, float]:
-    """The measured step's peak, and the first call's seconds."""
+def measure(make, backend: str | None, fake: bool, plans: bool) -> tuple[int, float, str]:
+    """The measured step's peak, the first call's seconds, and (planned) its graphs' peaks."""
     torch._dynamo.reset()
     compile = (lambda fn: fn) if backend is None else (lambda fn: torch.compile(fn, backend=backend))
     with contextlib.ExitStack() as stack:
@@ -127,7 +132,13 @@ def measure(make, backend: str | None, fake: bool, plans: bool) -> tuple[int, fl
         start = time.perf_counter()
         step()
         first = time.perf_counter() - start
-        return (fake_peak(step, *tracked) if fake else real_peak(step)), first
+        if not fake:
+            return real_peak(step), first, ""
+        from torch._inductor.fake_mode_wrapper_instrumentation import planned_peaks
+
+        with planned_peaks() as peaks:
+            peak = fake_peak(step, *tracked)
+        return peak, first, str(peaks)
 
 
 def mb(n: int) -> str:
@@ -138,19 +149,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES))
     parser.add_argument("--scale", type=float, default=1.0, help="scale the batch (or hidden) sizes")
+    parser.add_argument("--report", action="store_true", help="print each planned graph's peak and buffers")
     args = parser.parse_args(argv)
     torch._inductor.config.fx_graph_cache = False
     torch._functorch.config.enable_autograd_cache = False
     print(f"torch {torch.__version__}, CPU, scale {args.scale}")
     print("| case | " + " | ".join(c[0] for c in COLUMNS) + " | first call: real inductor / planned |")
     print("|---" * (len(COLUMNS) + 2) + "|")
+    reports = {}
     for name in args.cases:
         label, case = CASES[name]
         make = case(args.scale)
         figures, firsts = {}, {}
         for column, backend, fake, plans in COLUMNS:
             print(f"  {name}: {column} ...", file=sys.stderr, flush=True)
-            figures[column], firsts[column] = measure(make, backend, fake, plans)
+            figures[column], firsts[column], report = measure(make, backend, fake, plans)
+            if plans:
+                reports[label] = report
         cells = []
         for column, backend, fake, _ in COLUMNS:
             cell = mb(figures[column])
@@ -160,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(cell)
         cost = f"{firsts['real inductor']:.2f} s / {firsts['fake inductor, planned']:.2f} s"
         print(f"| {label} | " + " | ".join(cells) + f" | {cost} |", flush=True)
+    for label, report in reports.items() if args.report else ():
+        print(f"\n{label}, fake inductor, planned: each graph's planned peak\n{report}")
     return 0
 
 

@@ -22,7 +22,11 @@ blocks run), for a fake call under FakeTensorMode and for a real compiled run
 on CPU. AOTAutograd's partitioner decides what is saved, so compile on and
 off differ there, and the fake call must predict the real compiled run.
 
-    .venv/bin/python tools/estimate_memory.py [--backends eager aot_eager inductor]
+    .venv/bin/python tools/estimate_memory.py [--backends eager aot_eager inductor inductor-planned]
+
+inductor-planned is inductor with torch._dynamo.config.fake_mode_plans_inductor_buffers: the fake
+call runs Inductor's wrapper (its fused kernels' buffers, reuses, in-place writes), not the unlowered
+graphs; it has no saved-for-backward row (what is saved is inductor's).
 """
 
 from __future__ import annotations
@@ -37,10 +41,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEST_DIR = os.path.join(REPO, "test", "dynamo")
 
 
+PLANNED = "inductor-planned"
+
+
 def estimate(backend: str | None) -> dict:
     import torch
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if backend == PLANNED:
+        torch._dynamo.config.fake_mode_plans_inductor_buffers = True
+        backend = "inductor"
 
     sys.path.insert(0, TEST_DIR)
     from test_compile_under_fake_mode_memory_estimation import estimate_memory, WORLD_SIZE
@@ -96,7 +107,8 @@ def run_one(kind: str, backend: str) -> dict | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backends", nargs="+", default=["eager", "aot_eager", "inductor"])
+    parser.add_argument("--backends", nargs="+", default=["eager", "aot_eager", "inductor", PLANNED],
+                        choices=["eager", "aot_eager", "inductor", PLANNED])
     # internal: run one estimate, print JSON
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--saved-fake", default=None, help=argparse.SUPPRESS)
@@ -131,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
           " is compile off's; the eager backend's estimate is compile off's")
 
     saved = {}
-    for backend in ["off", *args.backends]:
+    for backend in ["off", *(b for b in args.backends if b != PLANNED)]:
         print(f"==> saved for backward, compile {backend}: fake call, then a real run on CPU", flush=True)
         fake, real = run_one("--saved-fake", backend), run_one("--saved-real", backend)
         if fake is None or real is None:
