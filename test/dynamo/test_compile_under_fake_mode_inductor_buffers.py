@@ -17,6 +17,7 @@ import torch._dynamo.test_case
 import torch.nn as nn
 import torch.nn.functional as F
 from torch._inductor.async_compile import AsyncCompile
+from torch._inductor.fake_mode_wrapper_instrumentation import planned_peaks
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.distributed._tools.mem_tracker import _ModState, MemTracker
 from torch.profiler import profile, ProfilerActivity
@@ -266,8 +267,6 @@ class InductorBuffersTests(CompileUnderFakeModeTestCase):
     def test_planned_peaks_are_the_real_runs(self):
         # Each graph's peak in Inductor's plan, the buffers alive at it and
         # the modules whose ops made them; here, the real run's peak.
-        from torch._inductor.fake_mode_wrapper_instrumentation import planned_peaks
-
         def step(model, x):
             with torch.no_grad():
                 return model(x)
@@ -292,6 +291,38 @@ class InductorBuffersTests(CompileUnderFakeModeTestCase):
             [("", 512 * 256 * 4), ("down", 512 * 64 * 4)],
         )
         self.assertIn("forward: planned peak 0.6 MiB", str(peaks))
+
+    def test_planned_backward_peak_is_the_real_runs(self):
+        # The backward frees the saved tensors and tangents as it goes, and
+        # its buffers take their place.
+        def backward_peak(fake):
+            torch._dynamo.reset()
+            with FakeTensorMode() if fake else contextlib.nullcontext():
+                torch.manual_seed(0)
+                model, x = nn.Sequential(MLP(), MLP(), MLP()), torch.randn(512, 64)
+                compiled = torch.compile(model, backend="inductor")
+                compiled(x).sum().backward()
+                loss = compiled(x).sum()
+                if not fake:
+                    return real_peak(loss.backward)
+                with planned_peaks() as peaks:
+                    loss.backward()
+                (run,) = peaks
+                self.assertTrue(run.graph.endswith("backward"))
+                return run.peak
+
+        # But the tangent sum().backward() makes outside the graph: 4 bytes.
+        self.assertEqual(backward_peak(fake=True) + 4, backward_peak(fake=False))
+
+    @needs_trackers_patch
+    def test_a_wrapper_it_cannot_instrument_warns_trackers(self):
+        # profiler_mark_wrapper_call puts the wrapper's call in a `with`.
+        with torch._inductor.config.patch(profiler_mark_wrapper_call=True), FakeTensorMode():
+            model, x = MLP(), torch.randn(8, 64)
+            compiled = torch.compile(model, backend="inductor")
+            compiled(x)
+            with self.assertWarnsRegex(UserWarning, "could not be attributed"), MemTracker():
+                compiled(x)
 
     def test_symbolic_sizes_of_the_users_shape_env(self):
         # The wrapper's C++ size asserts cannot read symbolic sizes.

@@ -24,7 +24,7 @@ import unittest
 import torch
 import torch._dynamo.test_case
 from torch._dynamo.testing import CompileCounterWithBackend
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
@@ -430,6 +430,30 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
             eager = tracked("MemTracker", eager_model, train_step(eager_model, eager_model, x))
             fn = torch.compile(model, backend=backend)
             self.assertEqual(tracked("MemTracker", model, train_step(model, fn, x)), eager)
+
+    @needs_trackers_patch
+    @parametrize("device", ["cpu", "cuda"])
+    def test_addcmul_with_a_python_scalar_under_mem_tracker(self, device):
+        # Dynamo writes addcmul_(..., value=) as prims.fma with a Python
+        # scalar; graphs shown to trackers run the prim's kernel, on fake
+        # tensors of any device (cuda without a GPU too).
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        class AddCMul(torch.nn.Module):
+            def forward(self, x, y):
+                z = x * 1
+                z.addcmul_(y, y, value=2.0)
+                return z
+
+        with FakeTensorMode(), torch.device(device):
+            x, y = torch.randn(8), torch.randn(8)
+            model = torch.nn.Sequential(torch.nn.Linear(8, 8), AddCMul())
+            compiled = torch.compile(lambda x, y: model[1](model[0](x), y), backend="eager")
+            compiled(x, y)
+            with torch.no_grad(), MemTracker():
+                out = compiled(x, y)
+        self.assertIsInstance(out, FakeTensor)
+        self.assertEqual(out.device.type, device)
 
     @needs_trackers_patch
     def test_hooks_removed_during_the_call_stay_removed(self):

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import fx
 from torch.fx.graph_module import _get_attr
-from torch.utils import _python_dispatch
+from torch.utils import _python_dispatch, _pytree as pytree
 
 from .fake_mode_attribution import (
     _cross_module_boundary,
@@ -95,17 +95,19 @@ def _calls_pointwise_prim(node: fx.Node) -> bool:
         and isinstance(target, torch._ops.OpOverload)
         and target.namespace == "prims"
         and torch.Tag.pointwise in target.tags
-        and torch._C._dispatch_has_kernel_for_dispatch_key(
-            target.name(), torch._C.DispatchKey.CompositeExplicitAutograd
-        )
+        and callable(getattr(target, "prim_impl", None))
     )
 
 
 def _call_prims_kernel(prim: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
-    # Its CompositeExplicitAutograd kernel, reached from a backend key.
-    return prim.redispatch(
-        torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), *args, **kwargs
-    )
+    # Where autograd records the op, the prim itself: its reference
+    # implementation's ops would save other tensors.
+    if torch.is_grad_enabled() and any(
+        isinstance(a, torch.Tensor) and a.requires_grad
+        for a in pytree.tree_leaves((args, kwargs))
+    ):
+        return prim(*args, **kwargs)
+    return prim.prim_impl(*args, **kwargs)
 
 
 def module_stacks(gm: fx.GraphModule) -> dict[str, Optional[dict[str, Any]]]:
@@ -127,14 +129,17 @@ def _module_stack(node: fx.Node) -> Optional[dict[str, Any]]:
 
 
 def graph_for_observers(
-    gm: fx.GraphModule, stacks: Optional[dict[str, Optional[dict[str, Any]]]] = None
+    gm: fx.GraphModule,
+    stacks: Optional[dict[str, Optional[dict[str, Any]]]] = None,
+    prims_kernels: bool = True,
 ) -> Optional[fx.GraphModule]:
     """
     A copy of gm shown to trackers: it crosses module boundaries where its
     nodes' module stacks change (stacks: by node name, else the nodes'
     metadata), and the higher-order ops only compiled graphs call (in gm and
-    the subgraphs it calls) and pointwise prims call their kernels instead,
-    as the real run does. None when gm has none of them. See Note [Trackers see the compiled run of a fake call]. Graphs
+    the subgraphs it calls) and (prims_kernels) pointwise prims call their
+    kernels instead, as the real run of the graph does. None when gm has
+    none of them. See Note [Trackers see the compiled run of a fake call]. Graphs
     are copied; tensors and other attributes are shared.
     """
     kernels = _kernels_of_compile_only_hops()
@@ -175,20 +180,18 @@ def graph_for_observers(
         if crosses and stacks is None:
             _add_gradient_bookings(graph)
         observed = None
-        if (
-            crosses
-            or subgraphs
-            or any(calls_compile_only_hop(n) or _calls_pointwise_prim(n) for n in graph.nodes)
-        ):
+        prims = [n for n in graph.nodes if prims_kernels and _calls_pointwise_prim(n)]
+        if crosses or subgraphs or prims or any(map(calls_compile_only_hop, graph.nodes)):
             observed = fx.GraphModule(module, graph)
             for target, sub in subgraphs.items():
                 observed.add_submodule(target, sub)
             for node in filter(calls_compile_only_hop, observed.graph.nodes):
                 node.args = (node.target.name(), *node.args)
                 node.target = _call_kernel
-            for node in filter(_calls_pointwise_prim, observed.graph.nodes):
-                node.args = (node.target, *node.args)
-                node.target = _call_prims_kernel
+            for node in observed.graph.nodes:
+                if prims_kernels and _calls_pointwise_prim(node):
+                    node.args = (node.target, *node.args)
+                    node.target = _call_prims_kernel
             observed.recompile()
         copies[id(module)] = observed
         return observed

@@ -95,10 +95,12 @@ def frames_run_eagerly_under_modes() -> bool:
 # that mutate inputs, with_effects for effectful ops); trackers have no rule
 # for them, so graphs shown to trackers call those ops' own implementation
 # (their CompositeExplicitAutograd kernel) and the trackers see the ops
-# inside. So do pointwise prims (Dynamo writes addcmul_ as prims.fma): the
-# real run's kernel runs the prim's reference implementation, whose
-# temporaries a FakeTensor's meta function does not make. Other modes (which may change what ops return, or whose module
-# tracking this code does not drive: CommDebugMode's backward hooks), global
+# inside. So do pointwise prims (Dynamo writes addcmul_ as prims.fma) where
+# the backend runs the graph as it is (not Inductor's kernels): the real
+# run's kernel runs the prim's reference implementation, whose temporaries
+# a FakeTensor's meta function does not make. Other modes (which may change
+# what ops return, or whose module tracking this code does not drive:
+# CommDebugMode's backward hooks), global
 # backward hooks, global forward hooks that are not a module tracker's, calls
 # that compile nothing (set_stance("force_eager")) and calls without a user's
 # FakeTensorMode keep the frames skipped, as on stock: the frames run

@@ -6,7 +6,8 @@ buffers in a fake call] in fake_mode_wrapper.py), added when it is loaded:
     module boundaries and gradient bookings, as the graphs shown to them
     have (see Note [Trackers see the compiled run of a fake call] in
     torch/_dynamo/fake_mode_trackers.py);
-  - for planned_peaks(), after each allocation, the buffers alive.
+  - for planned_peaks(), each buffer it allocates, or reuses under a new
+    name.
 """
 
 import ast
@@ -14,6 +15,7 @@ import contextlib
 import dataclasses
 import re
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any, Optional
 
@@ -25,15 +27,17 @@ from torch.utils import _pytree as pytree
 class PlannedBuffer:
     name: str
     nbytes: int
-    # The path of the module whose op made it, as its FX node's module stack
-    # names it ("" outside any module or where the node does not say).
+    # The module whose op made its value, as a path from the compiled
+    # frame's root ("layers.0.mlp"; "" outside any module or where its FX
+    # node does not say).
     module: str
 
 
 @dataclasses.dataclass
 class GraphPeak:
     """One run of a compiled graph under a FakeTensorMode: the most bytes
-    its own buffers (not its inputs) held at once, and those buffers."""
+    the buffers it allocated (not its inputs) held at once, and those
+    buffers."""
 
     graph: str
     peak: int
@@ -46,8 +50,8 @@ class PlannedPeaks(list[GraphPeak]):
         for run in self:
             lines.append(f"{run.graph}: planned peak {run.peak / 2**20:.1f} MiB")
             for buffer in sorted(run.buffers, key=lambda b: -b.nbytes):
-                where = buffer.module or "-"
-                lines.append(f"  {buffer.name:>8} {buffer.nbytes / 2**20:9.2f} MiB  {where}")
+                mib = buffer.nbytes / 2**20
+                lines.append(f"  {buffer.name:>8} {mib:9.2f} MiB  {buffer.module or '-'}")
         return "\n".join(lines)
 
 
@@ -75,45 +79,65 @@ def planned_peaks() -> Iterator[PlannedPeaks]:
         _collecting.peaks = previous
 
 
-def _storages(values: Any) -> dict[int, int]:
-    """The bytes of the storages of the tensors in values, by storage."""
-    storages = {}
-    for value in pytree.tree_leaves(values):
-        if isinstance(value, torch.Tensor):
-            storage = value.untyped_storage()
-            nbytes = storage.nbytes()
-            if isinstance(nbytes, torch.SymInt):
-                # A user's ShapeEnv: its hint, not a guard.
-                nbytes = nbytes.node.hint or 0
-            storages[storage._cdata] = nbytes
-    return storages
+def _nbytes(storage: torch.UntypedStorage) -> int:
+    nbytes = storage.nbytes()
+    if isinstance(nbytes, torch.SymInt):
+        # A user's ShapeEnv: its hint, not a guard.
+        return nbytes.node.hint or 0
+    return nbytes
+
+
+def _storages(value: Any) -> list[torch.UntypedStorage]:
+    return [
+        leaf.untyped_storage()
+        for leaf in pytree.tree_leaves(value)
+        if isinstance(leaf, torch.Tensor)
+    ]
 
 
 class _Run:
-    """The buffers of one run of a graph, noted after each allocation."""
+    """
+    The buffers one run of a graph allocated, alive while their storages
+    are (weakly: a storage keeps its Python object while it lives, and the
+    `del`s, aliases and outputs of the wrapper decide when it dies).
+    """
 
     def __init__(self, graph: str, modules: dict[str, str], inputs: Any) -> None:
         self.graph = graph
         self.modules = modules
-        self.inputs = _storages(inputs)
-        self.peak = -1
+        self.inputs = {id(s): weakref.ref(s) for s in _storages(inputs)}
+        # id(storage) -> (the storage, its buffer's name)
+        self.alive: dict[int, tuple[weakref.ref, str]] = {}
+        self.peak = 0
         self.buffers: list[PlannedBuffer] = []
 
-    def note(self, names: tuple[str, ...], values: tuple[Any, ...]) -> None:
-        seen = set(self.inputs)
-        alive = []
-        for name, value in zip(names, values):
-            storages = {k: n for k, n in _storages(value).items() if k not in seen}
-            seen.update(storages)
-            if storages:
-                alive.append(PlannedBuffer(name, sum(storages.values()), self.modules.get(name, "")))
-        total = sum(b.nbytes for b in alive)
+    def _is_input(self, storage: torch.UntypedStorage) -> bool:
+        ref = self.inputs.get(id(storage))
+        return ref is not None and ref() is storage
+
+    def allocated(self, name: str, value: Any) -> None:
+        self.alive = {k: v for k, v in self.alive.items() if v[0]() is not None}
+        for storage in _storages(value):
+            if not self._is_input(storage):
+                self.alive[id(storage)] = (weakref.ref(storage), name)
+        buffers = [
+            PlannedBuffer(name, _nbytes(storage), self.modules.get(name, ""))
+            for ref, name in self.alive.values()
+            if (storage := ref()) is not None
+        ]
+        total = sum(b.nbytes for b in buffers)
         if total > self.peak:
-            self.peak, self.buffers = total, alive
+            self.peak, self.buffers = total, buffers
+
+    def renamed(self, name: str, value: Any) -> None:
+        """A buffer reused for another one: `bufN = bufM; del bufM`."""
+        for storage in _storages(value):
+            if id(storage) in self.alive:
+                self.alive[id(storage)] = (weakref.ref(storage), name)
 
     def done(self) -> None:
         if _collecting.peaks is not None:
-            _collecting.peaks.append(GraphPeak(self.graph, max(self.peak, 0), self.buffers))
+            _collecting.peaks.append(GraphPeak(self.graph, self.peak, self.buffers))
 
 
 def _begin(graph: str, modules: dict[str, str], inputs: Any) -> Optional[_Run]:
@@ -122,11 +146,13 @@ def _begin(graph: str, modules: dict[str, str], inputs: Any) -> Optional[_Run]:
 
 def _module_path(stack: Optional[dict[str, Any]]) -> str:
     """The innermost module's path in a module stack, from the compiled
-    frame's root (L['self'].layers[0] -> layers[0])."""
+    frame's root: L['self'].layers[0]._modules['mlp'] -> layers.0.mlp."""
     if not stack:
         return ""
     path, _ = list(stack.values())[-1]
-    return re.sub(r"^[LG]\[(['\"]).+?\1\]\.?", "", path)
+    path = re.sub(r"^[LG]\[(['\"]).+?\1\]", "", path)
+    path = re.sub(r"\[(['\"]?)([^\]'\"]+)\1\]", r".\2", path)
+    return path.replace("._modules.", ".").lstrip(".")
 
 
 def _buffer_module_stacks(graph: Any) -> dict[str, Optional[dict[str, Any]]]:
@@ -140,15 +166,16 @@ def _buffer_module_stacks(graph: Any) -> dict[str, Optional[dict[str, Any]]]:
     except ImportError:
 
         def _module_stack(node: torch.fx.Node) -> Optional[dict[str, Any]]:
-            return node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
+            meta = node.meta
+            return meta.get("nn_module_stack") or meta.get("fwd_nn_module_stack")
 
     order = {node: i for i, node in enumerate(graph.graph.nodes)}
     stacks = {}
     for name, buffer in graph.name_to_buffer.items():
         node = getattr(buffer, "origin_node", None)
         if node is None:
-            origins = sorted(getattr(buffer, "origins", ()), key=lambda n: order.get(n, -1))
-            node = origins[-1] if origins else None
+            origins = getattr(buffer, "origins", ())
+            node = max(origins, key=lambda n: order.get(n, -1), default=None)
         stacks[name] = _module_stack(node) if node is not None else None
     return stacks
 
@@ -176,16 +203,20 @@ def _allocates(statement: ast.stmt) -> bool:
 
 
 def _names(node: ast.AST, context: type) -> list[str]:
-    return [n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, context)]
+    return [
+        n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, context)
+    ]
 
 
-def _values(names: Any) -> str:
+def _tuple_source(names: Any) -> str:
     return "(" + "".join(f"{name}, " for name in dict.fromkeys(names)) + ")"
 
 
 class _Call:
-    """The statements of a wrapper's call, with where each name is defined,
-    read and deleted."""
+    """
+    The statements of a wrapper's call, with where each name is defined and
+    read. Inductor's wrapper assigns each name once, in straight-line code.
+    """
 
     def __init__(self, call: ast.FunctionDef) -> None:
         self.body = call.body
@@ -200,41 +231,38 @@ class _Call:
             ),
             -1,
         )
-        self.inputs = _names(self.body[self.unpack].targets[0], ast.Store) if self.unpack >= 0 else []
+        unpack = self.body[self.unpack] if self.unpack >= 0 else None
+        assert unpack is None or isinstance(unpack, ast.Assign)
+        self.inputs = _names(unpack.targets[0], ast.Store) if unpack else []
+        # AOTAutograd's backward graphs take tangents.
+        self.backward_graph = any(name.startswith("tangents") for name in self.inputs)
         self.defined = dict.fromkeys(self.inputs, self.unpack)
         for i, statement in enumerate(self.body):
             for name in _names(statement, ast.Store):
                 self.defined.setdefault(name, i)
         self.loads = [_names(statement, ast.Load) for statement in self.body]
-        self.deletes = [_names(statement, ast.Del) for statement in self.body]
 
     def used_from_before(self, start: int, end: int) -> list[str]:
-        return [n for i in range(start, end) for n in self.loads[i] if self.defined.get(n, i) < start]
+        return [
+            n for i in range(start, end) for n in self.loads[i] if self.defined.get(n, i) < start
+        ]
 
     def used_after(self, start: int, end: int) -> list[str]:
         later = {n for i in range(end, len(self.body)) for n in self.loads[i]}
         return [n for n, i in self.defined.items() if start <= i < end and n in later]
 
-    def alive(self) -> Iterator[tuple[int, list[str]]]:
-        """After each statement, the names it and those before defined (but
-        the inputs) and did not delete."""
-        alive: dict[str, None] = {}
-        for i, statement in enumerate(self.body):
-            alive.update((n, None) for n in _names(statement, ast.Store) if i > self.unpack)
-            for name in self.deletes[i]:
-                alive.pop(name, None)
-            yield i, list(alive)
 
-
-def _module_boundaries(call: _Call, stacks: dict[str, Optional[dict[str, Any]]]) -> dict[int, list[str]]:
+def _module_boundaries(
+    call: _Call, stacks: dict[str, Optional[dict[str, Any]]], added: dict[int, list[str]]
+) -> None:
     """
-    The statements that cross module boundaries before the statements of
-    call that name a buffer (see _written_buffer) and before its return, as
+    Adds to added (statements' source by the index they go before) the
+    crossings of module boundaries before the statements of call that name
+    a buffer (see _written_buffer) and before its return, as
     _add_module_boundaries in torch/_dynamo/fake_mode_observed_graphs.py
-    makes them before a graph's nodes, and that book the gradients of a
-    backward graph as _add_gradient_bookings does.
+    makes them before a graph's nodes, and the gradient bookings of a
+    backward graph, as _add_gradient_bookings does.
     """
-    backward_graph = any(name.startswith("tangents") for name in call.inputs)
     crossings: list[tuple[int, list[tuple[str, int]], list[str]]] = []
     entered: list[tuple[str, int]] = []
     for i, statement in enumerate(call.body):
@@ -251,36 +279,42 @@ def _module_boundaries(call: _Call, stacks: dict[str, Optional[dict[str, Any]]])
             continue
         crossings.append((i, list(reversed(entered[common:])), keys[common:]))
         entered = entered[:common] + [(key, i) for key in keys[common:]]
-    added: dict[int, list[str]] = {}
     if not crossings:
-        return added
+        return
     ends = {region: i for i, left, _ in crossings for region in left}
     for i, left, keys in crossings:
-        left_values = "".join(f"({k!r}, {_values(call.used_after(s, i))}), " for k, s in left)
+        left_values = "".join(
+            f"({k!r}, {_tuple_source(call.used_after(s, i))}), " for k, s in left
+        )
         entered_values = "".join(
-            f"({k!r}, {_values(call.used_from_before(i, ends.get((k, i), i)))}), " for k in keys
+            f"({k!r}, {_tuple_source(call.used_from_before(i, ends.get((k, i), i)))}), "
+            for k in keys
         )
         added.setdefault(i, []).append(
-            f"_cross_module_boundary(({left_values}), ({entered_values}), {backward_graph})"
+            f"_cross_module_boundary(({left_values}), ({entered_values}), {call.backward_graph})"
         )
-    after = lambda i: added.setdefault(i + 1, [])  # noqa: E731
-    if not backward_graph and call.unpack >= 0:
-        after(call.unpack).insert(0, f"_forward_inputs(*{_values(call.inputs)})")
-    returns = [s for s in call.body if isinstance(s, ast.Return) and isinstance(s.value, ast.Tuple)]
-    if backward_graph and returns:
-        grads = returns[-1].value.elts  # type: ignore[union-attr]
-        for index, grad in enumerate(grads):
-            if not (isinstance(grad, ast.Constant) and grad.value is None):
-                made = max((call.defined.get(n, call.unpack) for n in _names(grad, ast.Load)), default=call.unpack)
-                after(made).insert(0, f"_gradient_of_input({index}, {len(grads)}, {ast.unparse(grad)})")
-    return added
+
+    def after(i: int, source: str) -> None:
+        added.setdefault(i + 1, []).insert(0, source)
+
+    if not call.backward_graph and call.unpack >= 0:
+        after(call.unpack, f"_forward_inputs(*{_tuple_source(call.inputs)})")
+    (returns,) = [s for s in call.body if isinstance(s, ast.Return)]
+    grads = returns.value.elts if isinstance(returns.value, ast.Tuple) else []
+    for index, grad in enumerate(grads if call.backward_graph else ()):
+        if not (isinstance(grad, ast.Constant) and grad.value is None):
+            names = _names(grad, ast.Load)
+            made = max((call.defined.get(n, call.unpack) for n in names), default=call.unpack)
+            after(made, f"_gradient_of_input({index}, {len(grads)}, {ast.unparse(grad)})")
 
 
 def instrument(tree: ast.Module, graph: Any, scope: dict[str, Any]) -> bool:
     """
     Adds to the call in tree, the wrapper module of graph (a GraphLowering),
     the statements this module's docstring says, and what they call to
-    scope. Whether trackers see its buffers in their modules.
+    scope. Whether trackers see its buffers in their modules; False, with
+    tree as it was, where its call is not straight-line code ending in a
+    return (config.profiler_mark_wrapper_call puts it in a `with`).
     """
     function = next(
         (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "call"),
@@ -289,31 +323,40 @@ def instrument(tree: ast.Module, graph: Any, scope: dict[str, Any]) -> bool:
     if function is None or not hasattr(graph, "name_to_buffer"):
         return False
     call = _Call(function)
+    if sum(isinstance(s, ast.Return) for s in call.body) != 1:
+        return False
     stacks = _buffer_module_stacks(graph)
+    added: dict[int, list[str]] = {}
     try:
         from torch._dynamo import fake_mode_attribution as attribution
     except ImportError:
-        added, attributed = {}, False
+        attributed = False
     else:
-        added, attributed = _module_boundaries(call, stacks), True
+        _module_boundaries(call, stacks, added)
         for name in ("_cross_module_boundary", "_forward_inputs", "_gradient_of_input"):
             scope[name] = getattr(attribution, name)
-    # The planned peak: the buffers alive after each allocation.
+        attributed = True
+    # planned_peaks(): each buffer allocated, or reused under a new name.
     compile_id = torch._guards.CompileContext.current_compile_id()
-    kind = "backward" if any(n.startswith("tangents") for n in call.inputs) else "forward"
-    modules = {name: _module_path(stack) for name, stack in stacks.items()}
-    graph_name = f"{compile_id} {kind}"
+    graph_name = f"{compile_id} {'backward' if call.backward_graph else 'forward'}"
     added.setdefault(call.unpack + 1, []).insert(
-        0, f"_fake_mode_run = _fake_mode_begin({graph_name!r}, _fake_mode_modules, {_values(call.inputs)})"
+        0,
+        f"_fake_mode_run = _fake_mode_begin({graph_name!r}, _fake_mode_modules, "
+        f"{_tuple_source(call.inputs)})",
     )
-    for i, alive in call.alive():
-        statement = call.body[i]
-        if _allocates(statement):
+    for i, statement in enumerate(call.body):
+        assigned = isinstance(statement, ast.Assign)
+        name = _written_buffer(statement) if assigned else None
+        if name is not None and (
+            _allocates(statement) or isinstance(statement.value, ast.Name)  # type: ignore[union-attr]
+        ):
+            how = "allocated" if _allocates(statement) else "renamed"
             added.setdefault(i + 1, []).append(
-                f"if _fake_mode_run is not None: _fake_mode_run.note({tuple(alive)!r}, {_values(alive)})"
+                f"if _fake_mode_run is not None: _fake_mode_run.{how}({name!r}, {name})"
             )
         elif isinstance(statement, ast.Return):
             added.setdefault(i, []).append("if _fake_mode_run is not None: _fake_mode_run.done()")
+    modules = {name: _module_path(stack) for name, stack in stacks.items()}
     scope.update(_fake_mode_begin=_begin, _fake_mode_modules=modules)
     body = []
     for i, statement in enumerate([*call.body, None]):
