@@ -34,6 +34,7 @@ try:
         Net,
         tracked,
         train_step,
+        TRACKERS_SEE_COMPILED_RUN,
     )
 except ImportError:
     from test_compile_under_fake_mode import CompileUnderFakeModeTestCase, meta_of
@@ -42,6 +43,7 @@ except ImportError:
         Net,
         tracked,
         train_step,
+        TRACKERS_SEE_COMPILED_RUN,
     )
 
 
@@ -314,15 +316,20 @@ class InductorBuffersTests(CompileUnderFakeModeTestCase):
         # But the tangent sum().backward() makes outside the graph: 4 bytes.
         self.assertEqual(backward_peak(fake=True) + 4, backward_peak(fake=False))
 
-    @needs_trackers_patch
-    def test_a_wrapper_it_cannot_instrument_warns_trackers(self):
-        # profiler_mark_wrapper_call puts the wrapper's call in a `with`.
+    def test_a_wrapper_it_cannot_instrument_warns(self):
+        # profiler_mark_wrapper_call puts the wrapper's call in a `with`: it
+        # runs as generated, and who asked for its modules or peaks is told.
         with torch._inductor.config.patch(profiler_mark_wrapper_call=True), FakeTensorMode():
             model, x = MLP(), torch.randn(8, 64)
             compiled = torch.compile(model, backend="inductor")
             compiled(x)
-            with self.assertWarnsRegex(UserWarning, "could not be attributed"), MemTracker():
-                compiled(x)
+            with self.assertWarnsRegex(UserWarning, "could not be instrumented"):
+                with planned_peaks() as peaks:
+                    compiled(x)
+            self.assertEqual(peaks, [])
+            if TRACKERS_SEE_COMPILED_RUN:
+                with self.assertWarnsRegex(UserWarning, "could not be attributed"), MemTracker():
+                    compiled(x)
 
     def test_symbolic_sizes_of_the_users_shape_env(self):
         # The wrapper's C++ size asserts cannot read symbolic sizes.

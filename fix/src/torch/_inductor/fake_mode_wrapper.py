@@ -19,6 +19,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from .fake_mode_wrapper_instrumentation import collecting_planned_peaks, instrument
+
 
 log = logging.getLogger(__name__)
 
@@ -159,17 +161,18 @@ def load_without_kernels(
     scope = module.__dict__
     scope["__builtins__"] = {**builtins.__dict__, "__import__": _import}
     tree = ast.parse(source, path)
-    from .fake_mode_wrapper_instrumentation import instrument
     from .virtualized import V
 
     try:
         scope["_fake_mode_attributed"] = instrument(tree, V.graph, scope)
+        code = compile(tree, path, "exec", dont_inherit=True)
     except Exception:
         # The wrapper runs as generated: its buffers are the plan's, their
         # modules and planned_peaks() are not.
         log.warning("Inductor's wrapper for a fake call could not be instrumented", exc_info=True)
-        tree = ast.parse(source, path)
-    exec(compile(tree, path, "exec", dont_inherit=True), scope)
+        scope["_fake_mode_attributed"] = scope["_fake_mode_instrumented"] = False
+        code = compile(source, path, "exec", dont_inherit=True)
+    exec(code, scope)
     guards = torch._C._dynamo.guards
     for name, value in list(scope.items()):
         if name.startswith("empty_strided_") and name != "empty_strided_p2p":
@@ -276,12 +279,16 @@ def compile_fx_inner_without_kernels(
         )
         return None
 
-    attributed = _wrapper_scope(compiled).get("_fake_mode_attributed", False)
+    scope = _wrapper_scope(compiled)
+    attributed = scope.get("_fake_mode_attributed", False)
+    instrumented = scope.get("_fake_mode_instrumented", False)
 
     def run(args: list[Any]) -> Any:
+        # Once per place, as the default warning filter shows them.
         if not attributed and _module_trackers_observe():
-            # Once per place, as the default warning filter shows it.
             warnings.warn(_UNATTRIBUTED, stacklevel=2)
+        if not instrumented and collecting_planned_peaks():
+            warnings.warn(_NOT_INSTRUMENTED, stacklevel=2)
         with run_under_fake_mode(args):
             return compiled(args)
 
@@ -295,6 +302,11 @@ def _module_trackers_observe() -> bool:
     observed_graphs = sys.modules.get("torch._dynamo.fake_mode_observed_graphs")
     return observed_graphs is not None and observed_graphs.runs_under_observers()
 
+
+_NOT_INSTRUMENTED = (
+    "planned_peaks(): Inductor's wrapper for a graph compiled for calls under a "
+    "FakeTensorMode could not be instrumented, its run is not reported"
+)
 
 _UNATTRIBUTED = (
     "Trackers shown a compiled call under a FakeTensorMode with "

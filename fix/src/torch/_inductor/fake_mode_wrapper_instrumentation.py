@@ -16,7 +16,7 @@ import dataclasses
 import re
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 import torch
@@ -87,6 +87,10 @@ def _nbytes(storage: torch.UntypedStorage) -> int:
     return nbytes
 
 
+def collecting_planned_peaks() -> bool:
+    return _collecting.peaks is not None
+
+
 def _storages(value: Any) -> list[torch.UntypedStorage]:
     return [
         leaf.untyped_storage()
@@ -99,45 +103,64 @@ class _Run:
     """
     The buffers one run of a graph allocated, alive while their storages
     are (weakly: a storage keeps its Python object while it lives, and the
-    `del`s, aliases and outputs of the wrapper decide when it dies).
+    `del`s, aliases and outputs of the wrapper decide when it dies), as a
+    log of allocations, frees and renames, replayed up to the peak once the
+    run is done.
     """
 
     def __init__(self, graph: str, modules: dict[str, str], inputs: Any) -> None:
         self.graph = graph
         self.modules = modules
         self.inputs = {id(s): weakref.ref(s) for s in _storages(inputs)}
-        # id(storage) -> (the storage, its buffer's name)
-        self.alive: dict[int, tuple[weakref.ref, str]] = {}
-        self.peak = 0
-        self.buffers: list[PlannedBuffer] = []
+        # id(storage) -> (its weak reference, its index in the log)
+        self.storages: dict[int, tuple[weakref.ref, int]] = {}
+        # ("allocated" | "renamed" | "freed", index of the allocation, name, bytes)
+        self.log: list[tuple[str, int, str, int]] = []
+        self.total = self.peak = 0
+        self.peak_at = 0
 
-    def _is_input(self, storage: torch.UntypedStorage) -> bool:
-        ref = self.inputs.get(id(storage))
-        return ref is not None and ref() is storage
+    def _own(self, storage: torch.UntypedStorage) -> Optional[int]:
+        """The log index of storage's allocation in this run, if any."""
+        entry = self.storages.get(id(storage))
+        return entry[1] if entry is not None and entry[0]() is storage else None
 
     def allocated(self, name: str, value: Any) -> None:
-        self.alive = {k: v for k, v in self.alive.items() if v[0]() is not None}
         for storage in _storages(value):
-            if not self._is_input(storage):
-                self.alive[id(storage)] = (weakref.ref(storage), name)
-        buffers = [
-            PlannedBuffer(name, _nbytes(storage), self.modules.get(name, ""))
-            for ref, name in self.alive.values()
-            if (storage := ref()) is not None
-        ]
-        total = sum(b.nbytes for b in buffers)
-        if total > self.peak:
-            self.peak, self.buffers = total, buffers
+            ref = self.inputs.get(id(storage))
+            if (ref is not None and ref() is storage) or self._own(storage) is not None:
+                continue
+            index, nbytes = len(self.log), _nbytes(storage)
+            self.log.append(("allocated", index, name, nbytes))
+            self.storages[id(storage)] = (weakref.ref(storage, self._freed(index, nbytes)), index)
+            self.total += nbytes
+        if self.total > self.peak:
+            self.peak, self.peak_at = self.total, len(self.log)
+
+    def _freed(self, index: int, nbytes: int) -> Callable[[Any], None]:
+        def freed(ref: Any) -> None:
+            self.total -= nbytes
+            self.log.append(("freed", index, "", nbytes))
+
+        return freed
 
     def renamed(self, name: str, value: Any) -> None:
-        """A buffer reused for another one: `bufN = bufM; del bufM`."""
+        """A buffer reused for another one (`bufN = bufM; del bufM`), or an
+        output of a fallback op's tuple (`bufN = bufM[0]`)."""
         for storage in _storages(value):
-            if id(storage) in self.alive:
-                self.alive[id(storage)] = (weakref.ref(storage), name)
+            if (index := self._own(storage)) is not None:
+                self.log.append(("renamed", index, name, 0))
 
     def done(self) -> None:
-        if _collecting.peaks is not None:
-            _collecting.peaks.append(GraphPeak(self.graph, self.peak, self.buffers))
+        if _collecting.peaks is None:
+            return
+        alive: dict[int, PlannedBuffer] = {}
+        for event, index, name, nbytes in self.log[: self.peak_at]:
+            if event == "freed":
+                alive.pop(index, None)
+            elif event == "allocated" or index in alive:
+                nbytes = nbytes if event == "allocated" else alive[index].nbytes
+                alive[index] = PlannedBuffer(name, nbytes, self.modules.get(name, ""))
+        _collecting.peaks.append(GraphPeak(self.graph, self.peak, list(alive.values())))
 
 
 def _begin(graph: str, modules: dict[str, str], inputs: Any) -> Optional[_Run]:
@@ -200,6 +223,23 @@ def _allocates(statement: ast.stmt) -> bool:
         return False
     func = statement.value.func
     return not (isinstance(func, ast.Name) and func.id == "reinterpret_tensor")
+
+
+def _reuses(statement: ast.stmt, following: list[ast.stmt]) -> bool:
+    """
+    `bufN = bufM[0]` (a fallback op's output), or Inductor's reuse of a dead
+    buffer for another: `bufN = bufM; del bufM`, `bufN = reinterpret_tensor(
+    bufM, ...); del bufM`.
+    """
+    value = statement.value  # type: ignore[attr-defined]
+    if isinstance(value, ast.Subscript) and isinstance(value.value, ast.Name):
+        return True
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+        if value.func.id != "reinterpret_tensor" or not value.args:
+            return False
+        value = value.args[0]
+    deleted = [_names(s, ast.Del) for s in following if isinstance(s, ast.Delete)]
+    return isinstance(value, ast.Name) and [value.id] in deleted
 
 
 def _names(node: ast.AST, context: type) -> list[str]:
@@ -345,19 +385,20 @@ def instrument(tree: ast.Module, graph: Any, scope: dict[str, Any]) -> bool:
         f"{_tuple_source(call.inputs)})",
     )
     for i, statement in enumerate(call.body):
-        assigned = isinstance(statement, ast.Assign)
-        name = _written_buffer(statement) if assigned else None
-        if name is not None and (
-            _allocates(statement) or isinstance(statement.value, ast.Name)  # type: ignore[union-attr]
-        ):
-            how = "allocated" if _allocates(statement) else "renamed"
+        name = _written_buffer(statement) if isinstance(statement, ast.Assign) else None
+        how = None
+        if name is not None and _allocates(statement):
+            how = "allocated"
+        elif name is not None and _reuses(statement, call.body[i + 1 : i + 2]):
+            how = "renamed"
+        if how is not None:
             added.setdefault(i + 1, []).append(
                 f"if _fake_mode_run is not None: _fake_mode_run.{how}({name!r}, {name})"
             )
         elif isinstance(statement, ast.Return):
             added.setdefault(i, []).append("if _fake_mode_run is not None: _fake_mode_run.done()")
     modules = {name: _module_path(stack) for name, stack in stacks.items()}
-    scope.update(_fake_mode_begin=_begin, _fake_mode_modules=modules)
+    scope.update(_fake_mode_begin=_begin, _fake_mode_modules=modules, _fake_mode_instrumented=True)
     body = []
     for i, statement in enumerate([*call.body, None]):
         for source in added.get(i, ()):
