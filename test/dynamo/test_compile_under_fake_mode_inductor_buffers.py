@@ -198,9 +198,9 @@ class InductorBuffersTests(CompileUnderFakeModeTestCase):
         if backend == "inductor":
             self.assertEqual(fake, real)
         else:
-            # But the 0-dim tensor the C++ argument parser wraps fma's
-            # Python scalar in, outside dispatch (8 bytes).
-            self.assertLessEqual(real - fake, 8)
+            # But the 0-dim tensors the C++ argument parser wraps Python
+            # scalars in (fma's), outside dispatch: 8 bytes each.
+            self.assertLessEqual(real - fake, 64)
             self.assertGreaterEqual(real - fake, 0)
 
     @needs_trackers_patch

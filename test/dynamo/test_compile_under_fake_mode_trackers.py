@@ -445,6 +445,8 @@ class CompileUnderFakeModeTrackerTests(CompileUnderFakeModeTestCase):
                 z.addcmul_(y, y, value=2.0)
                 return z
 
+        if device == "cuda" and not torch.backends.cuda.is_built():
+            self.skipTest("a CPU-only build of torch aborts on fake cuda tensors, in eager too")
         with FakeTensorMode(), torch.device(device):
             x, y = torch.randn(8), torch.randn(8)
             model = torch.nn.Sequential(torch.nn.Linear(8, 8), AddCMul())
