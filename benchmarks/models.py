@@ -29,6 +29,7 @@ class Config:
 
 PRESETS: dict[str, Config] = {
     "tiny": Config(n_layers=2, dim=256, n_heads=4, n_kv_heads=4, ffn_dim=688, vocab=32000),
+    "1B": Config(n_layers=16, dim=2048, n_heads=32, n_kv_heads=8, ffn_dim=8192, vocab=32000),
     "7B": Config(n_layers=32, dim=4096, n_heads=32, n_kv_heads=32, ffn_dim=11008, vocab=32000),
     "70B": Config(n_layers=80, dim=8192, n_heads=64, n_kv_heads=8, ffn_dim=28672, vocab=32000),
 }

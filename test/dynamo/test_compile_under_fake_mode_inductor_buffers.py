@@ -9,6 +9,11 @@ in a fake call] in torch/_inductor/fake_mode_wrapper.py.
 """
 
 import contextlib
+import json
+import os
+import subprocess
+import sys
+import types
 import unittest.mock
 import warnings
 
@@ -116,6 +121,117 @@ class Block(nn.Module):
         x = x + self.wo(attn.transpose(1, 2).reshape(b, s, d))
         gate, up = self.w13(self.ffn_norm(x)).chunk(2, dim=-1)
         return x + self.w2(F.silu(gate) * up)
+
+
+# A named GPU's properties, as torch.cuda.get_device_properties gives them.
+H100 = dict(
+    name="NVIDIA H100 80GB HBM3",
+    major=9,
+    minor=0,
+    total_memory=85045346304,
+    multi_processor_count=132,
+    warp_size=32,
+    max_threads_per_block=1024,
+    max_threads_per_multi_processor=2048,
+    regs_per_multiprocessor=65536,
+    shared_memory_per_block_optin=232448,
+    shared_memory_per_multiprocessor=233472,
+    L2_cache_size=52428800,
+    gcnArchName="NONE",
+    is_integrated=0,
+)
+
+
+def _emulate_gpu(properties):
+    """
+    Makes this process's Inductor see one CUDA GPU with properties, where
+    none is: what it asks the device (properties, compute capability,
+    Triton's target) answers as that GPU would, and the backend's pipeline
+    runs as on a machine with it. The process never initializes CUDA; run
+    it alone (these answers are process-wide).
+    """
+    import torch._dynamo.device_interface as device_interface
+    import torch._dynamo.fake_mode_backend_graphs as backend_graphs
+    import torch.utils._triton as triton_utils
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+
+    gpu = types.SimpleNamespace(**properties)
+    capability = (gpu.major, gpu.minor)
+    backend_graphs._missing_device = lambda gm, example_inputs: None
+    torch.cuda.get_device_properties = lambda device=None: gpu
+    torch.cuda.get_device_capability = lambda device=None: capability
+    cuda = device_interface.CudaInterface
+    for interface in (cuda, cuda.Worker):
+        interface.get_device_properties = staticmethod(lambda device=None: gpu)
+        interface.current_device = staticmethod(lambda: 0)
+    cuda.is_available = staticmethod(lambda: True)
+    cuda.get_compute_capability = staticmethod(lambda device=None: gpu.major * 10 + gpu.minor)
+    target = make_backend(GPUTarget("cuda", gpu.major * 10 + gpu.minor, gpu.warp_size))
+    triton_utils.triton_backend = lambda: target
+    if hasattr(triton_utils, "triton_hash_with_backend"):
+        triton_utils.triton_hash_with_backend = lambda: f"emulated {gpu.name}"
+    triton_utils.has_triton.cache_clear()
+
+
+def _fake_cuda_calls_on_emulated_gpu(properties, mlp):
+    """What _emulate_gpu's process sees of fake calls on CUDA FakeTensors
+    (json): a planned reduction's peak, whether CUDA was initialized, and
+    with mlp, the no_grad MLP's peak, unlowered and planned, and whether its
+    outputs are the mode's CUDA FakeTensors."""
+    _emulate_gpu(properties)
+    figures = {}
+    for plans in (False, True) if mlp else ():
+        torch._dynamo.reset()
+        with torch._dynamo.config.patch(fake_mode_plans_inductor_buffers=plans), FakeTensorMode() as mode:
+            torch.manual_seed(0)
+            with torch.device("cuda"):
+                model = MLP()
+            compiled = torch.compile(model, backend="inductor")
+            x = torch.randn(512, 64, device="cuda")
+
+            def step():
+                with torch.no_grad():
+                    return compiled(x)
+
+            out = step()
+            figures["planned" if plans else "unlowered"] = fake_peak(step, model)
+            figures["fake_outputs"] = (
+                isinstance(out, FakeTensor) and out.fake_mode is mode and out.device.type == "cuda"
+            )
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(fake_mode_plans_inductor_buffers=True), FakeTensorMode():
+        x = torch.randn(4096, 4096, device="cuda")
+        reduction = torch.compile(lambda x: x.var(0) + x.mean(1).sum(), backend="inductor")
+        figures["reduction"] = fake_peak(lambda: reduction(x))
+    figures["cuda_initialized"] = torch.cuda.is_initialized()
+    return json.dumps(figures)
+
+
+def _in_process_of_its_own(function, *args):
+    """function(*args) of this module (a json string), run in a new Python."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        f"import {__name__.rpartition('.')[2]} as t; print(t.{function.__name__}(*map(eval, sys.argv[2:])))"
+    )
+    here = os.path.dirname(os.path.abspath(__file__))
+    result = subprocess.run(
+        [sys.executable, "-c", code, here, *map(repr, args)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode:
+        raise AssertionError(result.stderr[-4000:])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _has_triton_package():
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 class InductorBuffersTests(CompileUnderFakeModeTestCase):
@@ -374,6 +490,29 @@ class InductorBuffersTests(CompileUnderFakeModeTestCase):
             with FakeTensorMode():
                 fake = compile_and_call(torch.randn(8))
         self.assertIs(type(fake), type(real))
+
+    @needs_trackers_patch
+    @unittest.skipUnless(
+        torch.backends.cuda.is_built() and _has_triton_package(),
+        "Inductor generates CUDA code with a CUDA build of torch and Triton",
+    )
+    def test_cuda_plan_of_a_named_gpu_never_touches_a_device(self):
+        # The plan Inductor makes for an H100, and for a GPU with 16 SMs,
+        # each in a process that sees that GPU but has none.
+        h100 = _in_process_of_its_own(_fake_cuda_calls_on_emulated_gpu, H100, True)
+        small = _in_process_of_its_own(
+            _fake_cuda_calls_on_emulated_gpu, dict(H100, multi_processor_count=16), False
+        )
+        self.assertFalse(h100["cuda_initialized"])
+        self.assertTrue(h100["fake_outputs"])
+        # The fused chain writes the mm's buffer in place, as on CPU, whose
+        # real run test_no_grad_forward_allocates_what_the_real_run_does
+        # measures: 512x256 floats and the 512x64 output.
+        self.assertEqual(h100["planned"], 512 * 256 * 4 + 512 * 64 * 4)
+        self.assertGreater(h100["unlowered"], h100["planned"])
+        # Inductor splits a reduction across the GPU's SMs: the buffers of
+        # the partial results are the named GPU's.
+        self.assertGreater(h100["reduction"], small["reduction"])
 
     def test_wrapper_that_reads_values_runs_unlowered(self):
         # torch.cond's predicate is read with .item() by the wrapper.

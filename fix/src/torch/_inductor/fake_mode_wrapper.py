@@ -44,15 +44,21 @@ log = logging.getLogger(__name__)
 #   - the allocation helpers, which bypass the dispatcher in C++, allocate
 #     through it (torch.empty_strided; reinterpret_tensor as an alias that is
 #     not a view, as the C++ one), so the user's FakeTensorMode makes
-#     FakeTensors and trackers see each buffer.
-# What runs is Inductor's own plan: no copy of its memory planning.
+#     FakeTensors and trackers see each buffer;
+#   - a CUDA wrapper's device guards, streams and input realignment touch no
+#     device: CUDA is never initialized by the run.
+# What runs is Inductor's own plan: no copy of its memory planning. A CUDA
+# graph is planned as for the GPU the process sees (Inductor reads its
+# properties while it lowers and generates code; a machine without one
+# stops before, see _missing_device in torch/_dynamo/fake_mode_backend_graphs.py).
 # The FX graph cache (whose artifact would be loaded with its kernels), the
-# C++ wrapper and CUDA graphs are off for such a compile. Where the wrapper
-# cannot run on FakeTensors the graph runs unlowered, with a warning: GPU
-# graphs (their wrapper reads input pointers and 0-dim CPU tensors' values),
-# max-autotune (it loads and benchmarks modules of its own), nan_asserts, an
-# out-of-process compile, a wrapper that reads values (torch.cond). A
-# compile whose wrapper did not load privately fails closed the same way.
+# C++ wrapper, CUDA graphs and the process pool (it compiles Triton kernels
+# while they are generated) are off for such a compile. Where the wrapper
+# cannot run on FakeTensors the graph runs unlowered, with a warning: other
+# devices, max-autotune (it loads and benchmarks modules of its own),
+# nan_asserts, an out-of-process compile, a wrapper that reads values
+# (torch.cond, a 0-dim CPU tensor passed to a Triton kernel). A compile
+# whose wrapper did not load privately fails closed the same way.
 # Trackers shown the compiled run (the trackers patch, torch 2.13 on) see
 # each buffer in the module whose op made it: the wrapper crosses module
 # boundaries as the graphs shown to them do (see Note [Trackers see the
@@ -129,6 +135,35 @@ def _unchecked(*args: Any, **kwargs: Any) -> None:
     return None
 
 
+def _unaligned(tensor: torch.Tensor) -> torch.Tensor:
+    # A FakeTensor has no address; the inputs of a real run are allocations,
+    # which the caching allocator aligns.
+    return tensor
+
+
+class _DeviceFreeCuda:
+    """torch.cuda for a wrapper run under a FakeTensorMode: selecting the
+    device does not initialize CUDA, which a fake call never needs."""
+
+    set_device = staticmethod(_unchecked)
+
+    @staticmethod
+    def _DeviceGuard(index: int) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch.cuda, name)
+
+
+class _DeviceFreeTorch:
+    """torch, in the scope of a wrapper run under a FakeTensorMode."""
+
+    cuda = _DeviceFreeCuda()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+
 class _Planning(threading.local):
     active = False
     # Why the wrapper loaded in this compile cannot run on FakeTensors.
@@ -181,6 +216,12 @@ def load_without_kernels(
             # C++ checks of the extern kernels' outputs, which read sizes
             # a ShapeEnv's FakeTensors hold as symbols.
             scope[name] = _unchecked
+        elif value is getattr(guards, "copy_if_misaligned", None):
+            scope[name] = _unaligned
+        elif value is getattr(torch._C, "_cuda_getCurrentRawStream", None):
+            # The stream a kernel would be launched on: none is.
+            scope[name] = _unchecked
+    scope["torch"] = _DeviceFreeTorch()
     scope["reinterpret_tensor"] = _reinterpret_tensor
     for name, value in (attrs or {}).items():
         setattr(module, name, value)
@@ -210,12 +251,10 @@ def _why_not_planned(example_inputs: Sequence[Any]) -> Optional[str]:
     from . import compile_fx, config
 
     if any(
-        isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in example_inputs
+        isinstance(t, torch.Tensor) and t.device.type not in ("cpu", "cuda")
+        for t in example_inputs
     ):
-        # A GPU wrapper reads its inputs' pointers (realignment) and values
-        # (0-dim CPU tensors), and Triton kernels precompile while it is
-        # generated.
-        return "Inductor's buffers are planned for CPU graphs only"
+        return "Inductor's buffers are planned for CPU and CUDA graphs only"
     if config.max_autotune or config.max_autotune_gemm or config.max_autotune_pointwise:
         # Autotuning loads and benchmarks modules of its own.
         return "max-autotune benchmarks what it compiles"
@@ -262,10 +301,14 @@ def compile_fx_inner_without_kernels(
     if why is None:
         # What a fake compile cannot use: a cached artifact (loaded with its
         # kernels), the C++ wrapper (it cannot run under a FakeTensorMode),
-        # CUDA graphs.
+        # CUDA graphs, a process pool (it compiles Triton kernels while the
+        # wrapper is generated).
         kwargs.update(cpp_wrapper=False, cudagraphs=BoxedBool(False))
         with _wrappers_without_kernels(), config.patch(
-            fx_graph_cache=False, fx_graph_remote_cache=False, cpp_wrapper=False
+            fx_graph_cache=False,
+            fx_graph_remote_cache=False,
+            cpp_wrapper=False,
+            compile_threads=1,
         ):
             compiled = compile_fx_inner(gm, example_inputs, **kwargs)
             why = _planning.unusable

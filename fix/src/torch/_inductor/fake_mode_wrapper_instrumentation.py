@@ -348,13 +348,35 @@ def _module_boundaries(
             after(made, f"_gradient_of_input({index}, {len(grads)}, {ast.unparse(grad)})")
 
 
+def _without_device_guards(body: list[ast.stmt]) -> list[ast.stmt]:
+    """
+    body, with the statements of each `with torch.cuda._DeviceGuard(i):`
+    block (a GPU wrapper's) in place of the block: the guard selects the
+    device its kernels run on, and no kernel runs in a fake call.
+    """
+    flat: list[ast.stmt] = []
+    for statement in body:
+        if (
+            isinstance(statement, ast.With)
+            and len(statement.items) == 1
+            and isinstance(guard := statement.items[0].context_expr, ast.Call)
+            and isinstance(guard.func, ast.Attribute)
+            and guard.func.attr == "_DeviceGuard"
+        ):
+            flat.extend(statement.body)
+        else:
+            flat.append(statement)
+    return flat
+
+
 def instrument(tree: ast.Module, graph: Any, scope: dict[str, Any]) -> bool:
     """
     Adds to the call in tree, the wrapper module of graph (a GraphLowering),
     the statements this module's docstring says, and what they call to
     scope. Whether trackers see its buffers in their modules; False, with
-    tree as it was, where its call is not straight-line code ending in a
-    return (config.profiler_mark_wrapper_call puts it in a `with`).
+    tree as it was but for its device guards, where its call is not
+    straight-line code ending in a return (config.profiler_mark_wrapper_call
+    puts it in a `with`).
     """
     function = next(
         (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "call"),
@@ -362,6 +384,7 @@ def instrument(tree: ast.Module, graph: Any, scope: dict[str, Any]) -> bool:
     )
     if function is None or not hasattr(graph, "name_to_buffer"):
         return False
+    function.body = _without_device_guards(function.body)
     call = _Call(function)
     if sum(isinstance(s, ast.Return) for s in call.body) != 1:
         return False
