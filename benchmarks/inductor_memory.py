@@ -161,7 +161,8 @@ def measure(make, backend: str | None, fake: bool, plans: bool, device: str) -> 
         stack.enter_context(torch._dynamo.config.patch(fake_mode_plans_inductor_buffers=plans))
         if fake:
             stack.enter_context(FakeTensorMode())
-        stack.enter_context(torch.device(device))
+        if device != "cpu":
+            stack.enter_context(torch.device(device))
         torch.manual_seed(0)
         step, tracked = make(compile)
         start = time.perf_counter()

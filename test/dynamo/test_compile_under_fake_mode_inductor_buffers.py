@@ -177,8 +177,9 @@ def _emulate_gpu(properties):
 def _fake_cuda_calls_on_emulated_gpu(properties, mlp):
     """What _emulate_gpu's process sees of fake calls on CUDA FakeTensors
     (json): a planned reduction's peak, whether CUDA was initialized, and
-    with mlp, the no_grad MLP's peak, unlowered and planned, and whether its
-    outputs are the mode's CUDA FakeTensors."""
+    with mlp, the no_grad MLP's peak, unlowered and planned, whether its
+    outputs are the mode's CUDA FakeTensors, its planned peak with
+    mode="reduce-overhead", and the devices of outputs computed on cuda:1."""
     _emulate_gpu(properties)
     figures = {}
     for plans in (False, True) if mlp else ():
@@ -199,6 +200,19 @@ def _fake_cuda_calls_on_emulated_gpu(properties, mlp):
             figures["fake_outputs"] = (
                 isinstance(out, FakeTensor) and out.fake_mode is mode and out.device.type == "cuda"
             )
+    if mlp:
+        torch._dynamo.reset()
+        with torch._dynamo.config.patch(fake_mode_plans_inductor_buffers=True), FakeTensorMode():
+            with torch.device("cuda"):
+                model = MLP()
+            compiled = torch.compile(model, backend="inductor", mode="reduce-overhead")
+            x = torch.randn(512, 64, device="cuda")
+            with torch.no_grad(), planned_peaks() as peaks:
+                compiled(x)
+            figures["reduce_overhead"] = [run.peak for run in peaks]
+            x = torch.randn(64, 64, device="cuda:1")
+            outs = torch.compile(lambda x: (x.sin() * 2, x.mm(x)), backend="inductor")(x)
+            figures["devices"] = [str(out.device) for out in outs]
     torch._dynamo.reset()
     with torch._dynamo.config.patch(fake_mode_plans_inductor_buffers=True), FakeTensorMode():
         x = torch.randn(4096, 4096, device="cuda")
@@ -510,6 +524,11 @@ class InductorBuffersTests(CompileUnderFakeModeTestCase):
         # measures: 512x256 floats and the 512x64 output.
         self.assertEqual(h100["planned"], 512 * 256 * 4 + 512 * 64 * 4)
         self.assertGreater(h100["unlowered"], h100["planned"])
+        # CUDA graphs are off for a fake call's compile, and with them the
+        # graph partitions whose buffers the plan would not see.
+        self.assertEqual(h100["reduce_overhead"], [512 * 256 * 4 + 512 * 64 * 4])
+        # Buffers are on the device the wrapper selects, as in the real run.
+        self.assertEqual(h100["devices"], ["cuda:1", "cuda:1"])
         # Inductor splits a reduction across the GPU's SMs: the buffers of
         # the partial results are the named GPU's.
         self.assertGreater(h100["reduction"], small["reduction"])

@@ -45,15 +45,17 @@ log = logging.getLogger(__name__)
 #     through it (torch.empty_strided; reinterpret_tensor as an alias that is
 #     not a view, as the C++ one), so the user's FakeTensorMode makes
 #     FakeTensors and trackers see each buffer;
-#   - a CUDA wrapper's device guards, streams and input realignment touch no
-#     device: CUDA is never initialized by the run.
+#   - a CUDA wrapper's device guards, streams, events and input realignment
+#     touch no device: its run never initializes CUDA (its compile reads the
+#     device's properties and may run ops on it, as a real compile does).
 # What runs is Inductor's own plan: no copy of its memory planning. A CUDA
 # graph is planned as for the GPU the process sees (Inductor reads its
 # properties while it lowers and generates code; a machine without one
 # stops before, see _missing_device in torch/_dynamo/fake_mode_backend_graphs.py).
 # The FX graph cache (whose artifact would be loaded with its kernels), the
-# C++ wrapper, CUDA graphs and the process pool (it compiles Triton kernels
-# while they are generated) are off for such a compile. Where the wrapper
+# C++ wrapper, CUDA graphs (and their graph partitions) and the process pool
+# (it compiles Triton kernels while they are generated) are off for such a
+# compile. Where the wrapper
 # cannot run on FakeTensors the graph runs unlowered, with a warning: other
 # devices, max-autotune (it loads and benchmarks modules of its own),
 # nan_asserts, an out-of-process compile, a wrapper that reads values
@@ -112,7 +114,11 @@ def _import(
 
 def _empty_strided(device: str) -> Callable[..., torch.Tensor]:
     def empty_strided(size: Any, stride: Any, dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty_strided(size, stride, dtype=dtype, device=device)
+        # On the CUDA device the wrapper selected, as the C++ helper's.
+        index = _DEVICE_FREE_TORCH.cuda.index if device == "cuda" else None
+        return torch.empty_strided(
+            size, stride, dtype=dtype, device=torch.device(device, index)
+        )
 
     return empty_strided
 
@@ -135,21 +141,50 @@ def _unchecked(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-def _unaligned(tensor: torch.Tensor) -> torch.Tensor:
-    # A FakeTensor has no address; the inputs of a real run are allocations,
-    # which the caching allocator aligns.
+def _copy_if_misaligned(tensor: torch.Tensor) -> torch.Tensor:
+    # The C++ helper reads the address; a FakeTensor's storage has none, and
+    # starts where an allocation of the caching allocator would: aligned.
+    from .utils import ALIGNMENT, clone_preserve_strides
+
+    if tensor.storage_offset() * tensor.element_size() % ALIGNMENT:
+        return clone_preserve_strides(tensor)
     return tensor
 
 
-class _DeviceFreeCuda:
-    """torch.cuda for a wrapper run under a FakeTensorMode: selecting the
-    device does not initialize CUDA, which a fake call never needs."""
+class _NoEvent:
+    """torch.Event in a wrapper run under a FakeTensorMode: no kernel was
+    launched to wait for."""
 
-    set_device = staticmethod(_unchecked)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
 
-    @staticmethod
-    def _DeviceGuard(index: int) -> contextlib.nullcontext[None]:
-        return contextlib.nullcontext()
+    record = synchronize = wait = _unchecked
+
+    def query(self) -> bool:
+        return True
+
+
+class _DeviceFreeCuda(threading.local):
+    """torch.cuda in a wrapper run under a FakeTensorMode: the device it
+    selects is remembered, for the buffers it allocates, and never set (a
+    fake call does not initialize CUDA); there is nothing to synchronize."""
+
+    index: Optional[int] = None
+    synchronize = staticmethod(_unchecked)
+
+    def set_device(self, index: int) -> None:
+        self.index = index
+
+    def current_device(self) -> int:
+        return self.index or 0
+
+    @contextlib.contextmanager
+    def _DeviceGuard(self, index: int) -> Iterator[None]:
+        previous, self.index = self.index, index
+        try:
+            yield
+        finally:
+            self.index = previous
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch.cuda, name)
@@ -159,15 +194,21 @@ class _DeviceFreeTorch:
     """torch, in the scope of a wrapper run under a FakeTensorMode."""
 
     cuda = _DeviceFreeCuda()
+    Event = _NoEvent
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch, name)
+
+
+_DEVICE_FREE_TORCH = _DeviceFreeTorch()
 
 
 class _Planning(threading.local):
     active = False
     # Why the wrapper loaded in this compile cannot run on FakeTensors.
     unusable: Optional[str] = None
+    # The wrapper module loaded in this compile, without kernels.
+    module: Optional[types.ModuleType] = None
 
 
 _planning = _Planning()
@@ -209,6 +250,9 @@ def load_without_kernels(
         code = compile(source, path, "exec", dont_inherit=True)
     exec(code, scope)
     guards = torch._C._dynamo.guards
+    # Where the wrapper finds them (names and helpers vary by release).
+    realign = [getattr(guards, n, None) for n in ("copy_if_misaligned", "copy_misaligned")]
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     for name, value in list(scope.items()):
         if name.startswith("empty_strided_") and name != "empty_strided_p2p":
             scope[name] = _empty_strided(name[len("empty_strided_") :].split("_")[0])
@@ -216,15 +260,16 @@ def load_without_kernels(
             # C++ checks of the extern kernels' outputs, which read sizes
             # a ShapeEnv's FakeTensors hold as symbols.
             scope[name] = _unchecked
-        elif value is getattr(guards, "copy_if_misaligned", None):
-            scope[name] = _unaligned
-        elif value is getattr(torch._C, "_cuda_getCurrentRawStream", None):
+        elif value is not None and value in realign:
+            scope[name] = _copy_if_misaligned
+        elif value is not None and value is raw_stream:
             # The stream a kernel would be launched on: none is.
             scope[name] = _unchecked
-    scope["torch"] = _DeviceFreeTorch()
+    scope["torch"] = _DEVICE_FREE_TORCH
     scope["reinterpret_tensor"] = _reinterpret_tensor
     for name, value in (attrs or {}).items():
         setattr(module, name, value)
+    _planning.module = module
     return module
 
 
@@ -239,12 +284,12 @@ def code_loader() -> Callable[..., Any]:
 
 @contextlib.contextmanager
 def _wrappers_without_kernels() -> Iterator[None]:
-    previous = _planning.active, _planning.unusable
-    _planning.active, _planning.unusable = True, None
+    previous = _planning.active, _planning.unusable, _planning.module
+    _planning.active, _planning.unusable, _planning.module = True, None, None
     try:
         yield
     finally:
-        _planning.active, _planning.unusable = previous
+        _planning.active, _planning.unusable, _planning.module = previous
 
 
 def _why_not_planned(example_inputs: Sequence[Any]) -> Optional[str]:
@@ -268,15 +313,6 @@ def _why_not_planned(example_inputs: Sequence[Any]) -> Optional[str]:
     ):
         return "an out-of-process compile loads the wrapper with its kernels"
     return None
-
-
-def _wrapper_scope(compiled: Any) -> dict[str, Any]:
-    call = getattr(compiled, "current_callable", None)
-    return getattr(getattr(call, "__func__", call), "__globals__", {})
-
-
-def _loaded_without_kernels(compiled: Any) -> bool:
-    return _wrapper_scope(compiled).get("__name__", "").startswith(f"{__name__}.")
 
 
 def compile_fx_inner_without_kernels(
@@ -305,14 +341,17 @@ def compile_fx_inner_without_kernels(
         # wrapper is generated).
         kwargs.update(cpp_wrapper=False, cudagraphs=BoxedBool(False))
         with _wrappers_without_kernels(), config.patch(
-            fx_graph_cache=False,
-            fx_graph_remote_cache=False,
-            cpp_wrapper=False,
-            compile_threads=1,
+            {
+                "fx_graph_cache": False,
+                "fx_graph_remote_cache": False,
+                "cpp_wrapper": False,
+                "triton.cudagraphs": False,
+                "compile_threads": 1,
+            }
         ):
             compiled = compile_fx_inner(gm, example_inputs, **kwargs)
-            why = _planning.unusable
-        if why is None and not _loaded_without_kernels(compiled):
+            why, module = _planning.unusable, _planning.module
+        if why is None and module is None:
             why = "its wrapper was loaded with its kernels"
     if why is not None:
         log.warning(
@@ -322,7 +361,8 @@ def compile_fx_inner_without_kernels(
         )
         return None
 
-    scope = _wrapper_scope(compiled)
+    assert module is not None
+    scope = module.__dict__
     attributed = scope.get("_fake_mode_attributed", False)
     instrumented = scope.get("_fake_mode_instrumented", False)
 
@@ -332,8 +372,14 @@ def compile_fx_inner_without_kernels(
             warnings.warn(_UNATTRIBUTED, stacklevel=2)
         if not instrumented and collecting_planned_peaks():
             warnings.warn(_NOT_INSTRUMENTED, stacklevel=2)
-        with run_under_fake_mode(args):
-            return compiled(args)
+        cuda = _DEVICE_FREE_TORCH.cuda
+        device = cuda.index
+        try:
+            with run_under_fake_mode(args):
+                return compiled(args)
+        finally:
+            # The wrapper's guards select devices for its own run only.
+            cuda.index = device
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run

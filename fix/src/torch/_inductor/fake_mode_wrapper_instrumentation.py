@@ -376,7 +376,7 @@ def instrument(tree: ast.Module, graph: Any, scope: dict[str, Any]) -> bool:
     scope. Whether trackers see its buffers in their modules; False, with
     tree as it was but for its device guards, where its call is not
     straight-line code ending in a return (config.profiler_mark_wrapper_call
-    puts it in a `with`).
+    puts it in a `with`, as a stream's or memory pool's context).
     """
     function = next(
         (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "call"),
@@ -386,7 +386,9 @@ def instrument(tree: ast.Module, graph: Any, scope: dict[str, Any]) -> bool:
         return False
     function.body = _without_device_guards(function.body)
     call = _Call(function)
-    if sum(isinstance(s, ast.Return) for s in call.body) != 1:
+    if sum(isinstance(s, ast.Return) for s in call.body) != 1 or any(
+        isinstance(s, ast.With) for s in call.body
+    ):
         return False
     stacks = _buffer_module_stacks(graph)
     added: dict[int, list[str]] = {}
