@@ -8,6 +8,7 @@ the CPU allocator's events under torch.profiler. See Note [Inductor's buffers
 in a fake call] in torch/_inductor/fake_mode_wrapper.py.
 """
 
+import ast
 import contextlib
 import json
 import os
@@ -175,17 +176,41 @@ def _emulate_gpu(properties):
 
 
 def _fake_cuda_calls_on_emulated_gpu(properties, mlp):
-    """What _emulate_gpu's process sees of fake calls on CUDA FakeTensors
-    (json): a planned reduction's peak, whether CUDA was initialized, and
-    with mlp, the no_grad MLP's peak, unlowered and planned, whether its
-    outputs are the mode's CUDA FakeTensors, its planned peak with
-    mode="reduce-overhead", and the devices of outputs computed on cuda:1."""
+    """
+    What _emulate_gpu's process sees of fake calls on CUDA FakeTensors with
+    Inductor's buffers planned (json): planned_peaks() of a reduction, and
+    whether CUDA was initialized; with mlp: planned_peaks() of the no_grad
+    MLP (also with mode="reduce-overhead"), whether its outputs are the
+    mode's CUDA FakeTensors, MemTracker's peak of its step unlowered and
+    planned (where trackers see the compiled run), the devices of outputs
+    computed on cuda:1, planned_peaks() of a graph called on an aligned and
+    a misaligned view, and how many graphs are planned for a non_blocking
+    copy to the host, with its output's device.
+    """
     _emulate_gpu(properties)
+    torch._dynamo.config.fake_mode_plans_inductor_buffers = True
     figures = {}
-    for plans in (False, True) if mlp else ():
+
+    def planned(fn, *args):
+        with planned_peaks() as peaks:
+            out = fn(*args)
+        return [run.peak for run in peaks], out
+
+    for mode in ("default", "reduce-overhead") if mlp else ():
         torch._dynamo.reset()
-        with torch._dynamo.config.patch(fake_mode_plans_inductor_buffers=plans), FakeTensorMode() as mode:
-            torch.manual_seed(0)
+        with FakeTensorMode() as fake_mode:
+            with torch.device("cuda"):
+                model = MLP()
+            compiled = torch.compile(model, backend="inductor", mode=mode)
+            x = torch.randn(512, 64, device="cuda")
+            with torch.no_grad():
+                figures[mode], out = planned(compiled, x)
+            figures["fake_outputs"] = (
+                isinstance(out, FakeTensor) and out.fake_mode is fake_mode and out.device.type == "cuda"
+            )
+    for plans in (False, True) if mlp and TRACKERS_SEE_COMPILED_RUN else ():
+        torch._dynamo.reset()
+        with torch._dynamo.config.patch(fake_mode_plans_inductor_buffers=plans), FakeTensorMode():
             with torch.device("cuda"):
                 model = MLP()
             compiled = torch.compile(model, backend="inductor")
@@ -195,29 +220,26 @@ def _fake_cuda_calls_on_emulated_gpu(properties, mlp):
                 with torch.no_grad():
                     return compiled(x)
 
-            out = step()
-            figures["planned" if plans else "unlowered"] = fake_peak(step, model)
-            figures["fake_outputs"] = (
-                isinstance(out, FakeTensor) and out.fake_mode is mode and out.device.type == "cuda"
-            )
+            step()
+            figures["tracked planned" if plans else "tracked unlowered"] = fake_peak(step, model)
     if mlp:
         torch._dynamo.reset()
-        with torch._dynamo.config.patch(fake_mode_plans_inductor_buffers=True), FakeTensorMode():
-            with torch.device("cuda"):
-                model = MLP()
-            compiled = torch.compile(model, backend="inductor", mode="reduce-overhead")
-            x = torch.randn(512, 64, device="cuda")
-            with torch.no_grad(), planned_peaks() as peaks:
-                compiled(x)
-            figures["reduce_overhead"] = [run.peak for run in peaks]
+        with FakeTensorMode():
             x = torch.randn(64, 64, device="cuda:1")
-            outs = torch.compile(lambda x: (x.sin() * 2, x.mm(x)), backend="inductor")(x)
+            _, outs = planned(torch.compile(lambda x: (x.sin() * 2, x.mm(x)), backend="inductor"), x)
             figures["devices"] = [str(out.device) for out in outs]
+            base = torch.randn(4001, device="cuda")
+            double = torch.compile(lambda x: x * 2, backend="inductor")
+            figures["aligned"], _ = planned(double, base[:4000])
+            figures["misaligned"], _ = planned(double, base[1:])
+            to_host = torch.compile(lambda x: (x * 2).to("cpu", non_blocking=True), backend="inductor")
+            peaks, out = planned(to_host, x)
+            figures["to_host"] = [len(peaks), str(out.device)]
     torch._dynamo.reset()
-    with torch._dynamo.config.patch(fake_mode_plans_inductor_buffers=True), FakeTensorMode():
+    with FakeTensorMode():
         x = torch.randn(4096, 4096, device="cuda")
         reduction = torch.compile(lambda x: x.var(0) + x.mean(1).sum(), backend="inductor")
-        figures["reduction"] = fake_peak(lambda: reduction(x))
+        figures["reduction"], _ = planned(reduction, x)
     figures["cuda_initialized"] = torch.cuda.is_initialized()
     return json.dumps(figures)
 
@@ -505,7 +527,6 @@ class InductorBuffersTests(CompileUnderFakeModeTestCase):
                 fake = compile_and_call(torch.randn(8))
         self.assertIs(type(fake), type(real))
 
-    @needs_trackers_patch
     @unittest.skipUnless(
         torch.backends.cuda.is_built() and _has_triton_package(),
         "Inductor generates CUDA code with a CUDA build of torch and Triton",
@@ -521,17 +542,48 @@ class InductorBuffersTests(CompileUnderFakeModeTestCase):
         self.assertTrue(h100["fake_outputs"])
         # The fused chain writes the mm's buffer in place, as on CPU, whose
         # real run test_no_grad_forward_allocates_what_the_real_run_does
-        # measures: 512x256 floats and the 512x64 output.
-        self.assertEqual(h100["planned"], 512 * 256 * 4 + 512 * 64 * 4)
-        self.assertGreater(h100["unlowered"], h100["planned"])
-        # CUDA graphs are off for a fake call's compile, and with them the
-        # graph partitions whose buffers the plan would not see.
-        self.assertEqual(h100["reduce_overhead"], [512 * 256 * 4 + 512 * 64 * 4])
+        # measures: 512x256 floats and the 512x64 output. CUDA graphs are
+        # off for a fake call's compile, and with them the graph partitions
+        # whose buffers the plan would not see.
+        fused = 512 * 256 * 4 + 512 * 64 * 4
+        self.assertEqual(h100["default"], [fused])
+        self.assertEqual(h100["reduce-overhead"], [fused])
+        if TRACKERS_SEE_COMPILED_RUN:
+            self.assertEqual(h100["tracked planned"], fused)
+            self.assertGreater(h100["tracked unlowered"], fused)
         # Buffers are on the device the wrapper selects, as in the real run.
         self.assertEqual(h100["devices"], ["cuda:1", "cuda:1"])
+        # A copy to the host is planned: no event is recorded on a device.
+        self.assertEqual(h100["to_host"], [1, "cpu"])
+        self.assertEqual(h100["aligned"], [4000 * 4])
+        guards = torch._C._dynamo.guards
+        if hasattr(guards, "copy_if_misaligned") or hasattr(guards, "copy_misaligned"):
+            # The wrapper copies an input at a misaligned address (2.12 on).
+            self.assertEqual(h100["misaligned"], [2 * 4000 * 4])
         # Inductor splits a reduction across the GPU's SMs: the buffers of
         # the partial results are the named GPU's.
         self.assertGreater(h100["reduction"], small["reduction"])
+
+    def test_a_call_with_a_stream_context_is_not_instrumented(self):
+        # Its statements in a `with` are not straight-line code; a device
+        # guard's are.
+        from torch._inductor.fake_mode_wrapper_instrumentation import instrument
+
+        call = """
+def call(args):
+    arg0_1, = args
+    args.clear()
+    with torch.cuda._DeviceGuard(0):
+        torch.cuda.set_device(0)
+        buf0 = empty_strided_cuda((4, ), (1, ), torch.float32)
+        {}
+    return (buf0, )
+"""
+        graph = types.SimpleNamespace(graph=torch.fx.Graph(), name_to_buffer={})
+        for statement, instrumented in (("del arg0_1", True), ("with stream1:\n            del arg0_1", False)):
+            scope = {}
+            instrument(ast.parse(call.format(statement)), graph, scope)
+            self.assertEqual(scope.get("_fake_mode_instrumented", False), instrumented)
 
     def test_wrapper_that_reads_values_runs_unlowered(self):
         # torch.cond's predicate is read with .item() by the wrapper.

@@ -45,9 +45,13 @@ log = logging.getLogger(__name__)
 #     through it (torch.empty_strided; reinterpret_tensor as an alias that is
 #     not a view, as the C++ one), so the user's FakeTensorMode makes
 #     FakeTensors and trackers see each buffer;
-#   - a CUDA wrapper's device guards, streams, events and input realignment
-#     touch no device: its run never initializes CUDA (its compile reads the
-#     device's properties and may run ops on it, as a real compile does).
+#   - a CUDA wrapper's device guards, kernel streams, events and input
+#     realignment touch no device (its compile reads the device's properties
+#     and may run ops on it, as a real compile does; streams and memory pools
+#     of the user's are the user's). Where the realignment is not the
+#     wrapper's but Python's around it (releases before 2.12, mutated
+#     inputs), it reads a FakeTensor's address, 0: a misaligned view is not
+#     copied there, where the real run copies it.
 # What runs is Inductor's own plan: no copy of its memory planning. A CUDA
 # graph is planned as for the GPU the process sees (Inductor reads its
 # properties while it lowers and generates code; a machine without one
@@ -55,12 +59,13 @@ log = logging.getLogger(__name__)
 # The FX graph cache (whose artifact would be loaded with its kernels), the
 # C++ wrapper, CUDA graphs (and their graph partitions) and the process pool
 # (it compiles Triton kernels while they are generated) are off for such a
-# compile. Where the wrapper
+# compile (config.patch: for the process, while it compiles). Where the wrapper
 # cannot run on FakeTensors the graph runs unlowered, with a warning: other
 # devices, max-autotune (it loads and benchmarks modules of its own),
 # nan_asserts, an out-of-process compile, a wrapper that reads values
 # (torch.cond, a 0-dim CPU tensor passed to a Triton kernel). A compile
-# whose wrapper did not load privately fails closed the same way.
+# whose callable is not the privately loaded wrapper's fails closed the
+# same way.
 # Trackers shown the compiled run (the trackers patch, torch 2.13 on) see
 # each buffer in the module whose op made it: the wrapper crosses module
 # boundaries as the graphs shown to them do (see Note [Trackers see the
@@ -143,10 +148,12 @@ def _unchecked(*args: Any, **kwargs: Any) -> None:
 
 def _copy_if_misaligned(tensor: torch.Tensor) -> torch.Tensor:
     # The C++ helper reads the address; a FakeTensor's storage has none, and
-    # starts where an allocation of the caching allocator would: aligned.
+    # starts where an allocation of the caching allocator would: aligned. A
+    # symbolic offset counts as aligned (no guard is added on it).
     from .utils import ALIGNMENT, clone_preserve_strides
 
-    if tensor.storage_offset() * tensor.element_size() % ALIGNMENT:
+    offset = tensor.storage_offset()
+    if isinstance(offset, int) and offset * tensor.element_size() % ALIGNMENT:
         return clone_preserve_strides(tensor)
     return tensor
 
@@ -176,7 +183,9 @@ class _DeviceFreeCuda(threading.local):
         self.index = index
 
     def current_device(self) -> int:
-        return self.index or 0
+        if self.index is not None:
+            return self.index
+        return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
 
     @contextlib.contextmanager
     def _DeviceGuard(self, index: int) -> Iterator[None]:
@@ -251,7 +260,11 @@ def load_without_kernels(
     exec(code, scope)
     guards = torch._C._dynamo.guards
     # Where the wrapper finds them (names and helpers vary by release).
-    realign = [getattr(guards, n, None) for n in ("copy_if_misaligned", "copy_misaligned")]
+    realign = [
+        helper
+        for name in ("copy_if_misaligned", "copy_misaligned")
+        if (helper := getattr(guards, name, None)) is not None
+    ]
     raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     for name, value in list(scope.items()):
         if name.startswith("empty_strided_") and name != "empty_strided_p2p":
@@ -260,7 +273,7 @@ def load_without_kernels(
             # C++ checks of the extern kernels' outputs, which read sizes
             # a ShapeEnv's FakeTensors hold as symbols.
             scope[name] = _unchecked
-        elif value is not None and value in realign:
+        elif any(value is helper for helper in realign):
             scope[name] = _copy_if_misaligned
         elif value is not None and value is raw_stream:
             # The stream a kernel would be launched on: none is.
@@ -315,6 +328,20 @@ def _why_not_planned(example_inputs: Sequence[Any]) -> Optional[str]:
     return None
 
 
+def _runs(compiled: Any, module: types.ModuleType) -> bool:
+    """Whether compiled runs the call of module: as its current_callable, or
+    through the realignment of its inputs around it (a closure)."""
+    function = getattr(compiled, "current_callable", None)
+    candidates = [function]
+    for cell in getattr(function, "__closure__", None) or ():
+        with contextlib.suppress(ValueError):
+            candidates.append(cell.cell_contents)
+    return any(
+        getattr(getattr(c, "__func__", c), "__globals__", None) is module.__dict__
+        for c in candidates
+    )
+
+
 def compile_fx_inner_without_kernels(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[Any],
@@ -351,7 +378,7 @@ def compile_fx_inner_without_kernels(
         ):
             compiled = compile_fx_inner(gm, example_inputs, **kwargs)
             why, module = _planning.unusable, _planning.module
-        if why is None and module is None:
+        if why is None and (module is None or not _runs(compiled, module)):
             why = "its wrapper was loaded with its kernels"
     if why is not None:
         log.warning(
