@@ -31,6 +31,7 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
 )
+from torch.utils._triton import has_triton_package
 
 
 try:
@@ -263,14 +264,6 @@ def _in_process_of_its_own(function, *args):
     if result.returncode:
         raise AssertionError(result.stderr[-4000:])
     return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-def _has_triton_package():
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class InductorBuffersTests(CompileUnderFakeModeTestCase):
@@ -531,7 +524,7 @@ class InductorBuffersTests(CompileUnderFakeModeTestCase):
         self.assertIs(type(fake), type(real))
 
     @unittest.skipUnless(
-        torch.backends.cuda.is_built() and _has_triton_package(),
+        torch.backends.cuda.is_built() and has_triton_package(),
         "Inductor generates CUDA code with a CUDA build of torch and Triton",
     )
     @unittest.skipIf(
